@@ -1,0 +1,281 @@
+//! TLS over the network seam: TLS 1.3-only rustls configs (ring provider, certificate
+//! validity judged by the injected clock), a server config that can be swapped at run time,
+//! the mTLS accept loop feeding tonic, and the mTLS connector for clients.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use http::Uri;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::clock::Clock;
+use super::net::{Io, Net};
+
+/// Why a TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file or blob could not be parsed.
+    #[error("invalid PEM in {what}: {reason}")]
+    Pem { what: String, reason: String },
+    /// No certificate was found where one is required.
+    #[error("no certificate in {0}")]
+    NoCertificate(String),
+    /// rustls refused the configuration.
+    #[error("TLS configuration rejected: {0}")]
+    Rustls(#[from] rustls::Error),
+    /// The client-certificate verifier could not be built.
+    #[error("client CA pool rejected: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+}
+
+/// A certificate chain and its private key.
+#[derive(Debug)]
+pub struct Identity {
+    /// Leaf first, then intermediates.
+    pub chain: Vec<CertificateDer<'static>>,
+    /// The leaf's private key.
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl Clone for Identity {
+    fn clone(&self) -> Self {
+        Self {
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+        }
+    }
+}
+
+impl Identity {
+    /// Parses a PEM certificate chain and a PEM private key.
+    pub fn from_pem(chain_pem: &[u8], key_pem: &[u8], what: &str) -> Result<Self, TlsError> {
+        Ok(Self {
+            chain: certificates_from_pem(chain_pem, what)?,
+            key: private_key_from_pem(key_pem, what)?,
+        })
+    }
+}
+
+/// Parses every certificate in a PEM blob; at least one is required.
+pub fn certificates_from_pem(
+    pem: &[u8],
+    what: &str,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            what: what.to_owned(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate(what.to_owned()));
+    }
+    Ok(certs)
+}
+
+/// Parses the first private key in a PEM blob.
+pub fn private_key_from_pem(pem: &[u8], what: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| TlsError::Pem {
+        what: what.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// A root store holding `cas`.
+pub fn root_store(cas: &[CertificateDer<'static>]) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for ca in cas {
+        roots.add(ca.clone())?;
+    }
+    Ok(roots)
+}
+
+/// Lets rustls judge certificate validity by the injected clock instead of the OS clock.
+#[derive(Clone)]
+pub struct ClockTime(pub Arc<dyn Clock>);
+
+impl std::fmt::Debug for ClockTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClockTime")
+    }
+}
+
+impl rustls::time_provider::TimeProvider for ClockTime {
+    fn current_time(&self) -> Option<UnixTime> {
+        Some(UnixTime::since_unix_epoch(self.0.unix()))
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A TLS 1.3-only server config that demands a client certificate chaining to `client_cas`.
+pub fn server_config(
+    identity: &Identity,
+    client_cas: &[CertificateDer<'static>],
+    clock: Arc<dyn Clock>,
+) -> Result<ServerConfig, TlsError> {
+    let provider = provider();
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(client_cas)?), provider.clone())
+            .build()?;
+    let mut config = ServerConfig::builder_with_details(provider, Arc::new(ClockTime(clock)))
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(identity.chain.clone(), identity.key.clone_key())?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// A TLS 1.3-only client config presenting `identity` (if any) and trusting `server_cas`.
+pub fn client_config(
+    identity: Option<&Identity>,
+    server_cas: &[CertificateDer<'static>],
+    clock: Arc<dyn Clock>,
+) -> Result<ClientConfig, TlsError> {
+    let builder = ClientConfig::builder_with_details(provider(), Arc::new(ClockTime(clock)))
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(root_store(server_cas)?);
+    let mut config = match identity {
+        Some(id) => builder.with_client_auth_cert(id.chain.clone(), id.key.clone_key())?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// A server TLS config that can be replaced while the server runs. New handshakes use the
+/// newest config; established connections keep the one they were accepted with.
+#[derive(Clone)]
+pub struct ReloadableServerTls {
+    current: Arc<ArcSwap<ServerConfig>>,
+}
+
+impl ReloadableServerTls {
+    /// Starts with `config`.
+    pub fn new(config: ServerConfig) -> Self {
+        Self {
+            current: Arc::new(ArcSwap::from_pointee(config)),
+        }
+    }
+
+    /// Replaces the config used by later handshakes.
+    pub fn replace(&self, config: ServerConfig) {
+        self.current.store(Arc::new(config));
+    }
+
+    /// An acceptor for the config current now.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.current.load_full())
+    }
+}
+
+/// A server-side mTLS stream as tonic sees it.
+pub type ServerTlsStream<S> = tokio_rustls::server::TlsStream<Io<S>>;
+
+/// Accepts connections on `listener`, runs each TLS handshake in its own task under
+/// `handshake_timeout`, and yields the completed streams. Failed handshakes are logged and
+/// dropped. The loop ends when the returned stream is dropped.
+pub fn mtls_incoming<N: Net>(
+    listener: N::Listener,
+    tls: ReloadableServerTls,
+    handshake_timeout: Duration,
+) -> ReceiverStream<io::Result<ServerTlsStream<N::Stream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let local = N::local_addr(&listener).ok();
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = N::accept(&listener) => accepted,
+                () = tx.closed() => return,
+            };
+            let (stream, peer) = match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    continue;
+                }
+            };
+            let acceptor = tls.acceptor();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let io = Io::new(stream, local, Some(peer));
+                match tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// A tower connector for tonic and hyper clients: TCP (or turmoil TCP) through the network
+/// seam, then TLS. Use it with an `http://` URI; the connector does the TLS.
+#[derive(Clone)]
+pub struct MtlsConnector<N> {
+    net: N,
+    tls: TlsConnector,
+    server_name: Option<ServerName<'static>>,
+}
+
+impl<N: Net> MtlsConnector<N> {
+    /// A connector using `config`. `server_name` overrides the name checked against the
+    /// server certificate (default: the URI host).
+    pub fn new(net: N, config: ClientConfig, server_name: Option<ServerName<'static>>) -> Self {
+        Self {
+            net,
+            tls: TlsConnector::from(Arc::new(config)),
+            server_name,
+        }
+    }
+}
+
+impl<N: Net> tower::Service<Uri> for MtlsConnector<N> {
+    type Response = TokioIo<Io<tokio_rustls::client::TlsStream<N::Stream>>>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let net = self.net.clone();
+        let tls = self.tls.clone();
+        let fixed_name = self.server_name.clone();
+        Box::pin(async move {
+            let host = uri
+                .host()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "URI has no host"))?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let port = uri.port_u16().unwrap_or(443);
+            let name = match fixed_name {
+                Some(name) => name,
+                None => ServerName::try_from(host.clone())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            };
+            let stream = net.connect(&host, port).await?;
+            let stream = tls.connect(name, stream).await?;
+            Ok(TokioIo::new(Io::new(stream, None, None)))
+        })
+    }
+}
