@@ -13,13 +13,16 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 /// Sockets: connect to a peer, bind a listener, accept from it.
 pub trait Net: Clone + Send + Sync + 'static {
     /// A connected byte stream.
-    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static;
     /// A bound listener.
     type Listener: Send + Sync + 'static;
 
     /// Opens a stream to `host:port`.
-    fn connect(&self, host: &str, port: u16)
-    -> impl Future<Output = io::Result<Self::Stream>> + Send;
+    fn connect(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> impl Future<Output = io::Result<Self::Stream>> + Send;
     /// Binds a listener on `addr`.
     fn bind(&self, addr: SocketAddr) -> impl Future<Output = io::Result<Self::Listener>> + Send;
     /// Accepts the next connection.

@@ -122,22 +122,97 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// A TLS 1.3-only server config that demands a client certificate chaining to `client_cas`.
-pub fn server_config(
-    identity: &Identity,
-    client_cas: &[CertificateDer<'static>],
-    clock: Arc<dyn Clock>,
-) -> Result<ServerConfig, TlsError> {
+/// A TLS 1.3-only server config whose handshake demands a client certificate (and proof of
+/// its key) but does not judge its chain: the chain is verified on every RPC against the
+/// security snapshot current then ([`ClientChainVerifier`]), so CA rotation, a removed issuer
+/// or an expiry takes effect on connections that are already open.
+pub fn server_config(identity: &Identity, clock: Arc<dyn Clock>) -> Result<ServerConfig, TlsError> {
     let provider = provider();
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(client_cas)?), provider.clone())
-            .build()?;
+    let verifier = Arc::new(RequireAnyClientCert {
+        algorithms: provider.signature_verification_algorithms,
+    });
     let mut config = ServerConfig::builder_with_details(provider, Arc::new(ClockTime(clock)))
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
         .with_single_cert(identity.chain.clone(), identity.key.clone_key())?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
+}
+
+/// Demands a client certificate and proof of possession of its key; trust is decided per RPC.
+#[derive(Debug)]
+struct RequireAnyClientCert {
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::server::danger::ClientCertVerifier for RequireAnyClientCert {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// Verifies a presented client chain against a CA pool at the injected clock's time, with
+/// the clientAuth usage required.
+pub struct ClientChainVerifier {
+    verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    clock: Arc<dyn Clock>,
+}
+
+impl ClientChainVerifier {
+    /// A verifier trusting `client_cas`.
+    pub fn new(
+        client_cas: &[CertificateDer<'static>],
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, TlsError> {
+        let verifier = WebPkiClientVerifier::builder_with_provider(
+            Arc::new(root_store(client_cas)?),
+            provider(),
+        )
+        .build()?;
+        Ok(Self { verifier, clock })
+    }
+
+    /// Whether `chain` (leaf first) chains to the pool and is valid now.
+    pub fn verify(&self, chain: &[CertificateDer<'static>]) -> bool {
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return false;
+        };
+        let now = UnixTime::since_unix_epoch(self.clock.unix());
+        self.verifier
+            .verify_client_cert(leaf, intermediates, now)
+            .is_ok()
+    }
 }
 
 /// A TLS 1.3-only client config presenting `identity` (if any) and trusting `server_cas`.

@@ -1,0 +1,2 @@
+//! Placeholder scaffold
+fn main() {}

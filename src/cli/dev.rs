@@ -1,0 +1,203 @@
+//! `execution-provider dev`: the whole provider on one machine with no cluster. An in-process
+//! API server persisted to the state directory stands for Kubernetes, a node agent plays the
+//! kubelet, and executors are local `execution-helper` processes on workspace directories.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+use super::state_dir::StateDir;
+use crate::executor::local::LocalTransport;
+use crate::kube::apiserver::ApiServer;
+use crate::kube::crd::LEDGER_CONFIGMAP_NAME;
+use crate::kube::node_agent::NodeAgent;
+use crate::provider::{self, Dependencies, Settings, Shutdown, ShutdownTrigger};
+use crate::runtime::Runtime;
+use crate::runtime::net::{Net, TokioNet};
+use crate::security::{self, Security};
+use crate::templates::TemplateRegistry;
+
+/// The namespace `dev` keeps its environments in.
+pub const DEV_NAMESPACE: &str = "execution";
+/// The executor service account `dev` renders into Pods.
+pub const DEV_EXECUTOR_SERVICE_ACCOUNT: &str = "execution-executor";
+
+/// Options of `dev`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DevArgs {
+    /// The state directory (created on first start, reused afterwards).
+    #[arg(
+        long,
+        default_value = ".execution-provider",
+        env = "EXECUTION_PROVIDER_STATE_DIR"
+    )]
+    pub state_dir: PathBuf,
+    /// Where the gRPC server listens (mTLS).
+    #[arg(long, default_value = "127.0.0.1:7443", value_parser = parse_listen)]
+    pub listen: SocketAddr,
+    /// The `execution-helper` binary (default: the one beside this program).
+    #[arg(long, env = "EXECUTION_HELPER")]
+    pub helper: Option<PathBuf>,
+}
+
+fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    text.parse()
+        .map_err(|_| format!("`{text}` is not an address: use IP:PORT such as 127.0.0.1:7443"))
+}
+
+/// A running `dev` provider.
+pub struct DevProvider {
+    /// The address the gRPC server listens on.
+    pub addr: SocketAddr,
+    /// The state directory.
+    pub state: StateDir,
+    trigger: ShutdownTrigger,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl DevProvider {
+    /// Stops the provider gracefully and waits for it.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.trigger.trigger();
+        self.task.await?
+    }
+
+    /// Starts the shutdown without waiting.
+    pub fn trigger_stop(&self) {
+        self.trigger.trigger();
+    }
+}
+
+/// Starts the `dev` provider and returns once it listens.
+pub async fn start(args: &DevArgs) -> anyhow::Result<DevProvider> {
+    use anyhow::Context as _;
+    let runtime = Runtime::system();
+    let state = StateDir::open_or_init(&args.state_dir)?;
+    let api = ApiServer::open(
+        &state.apiserver_dir(),
+        runtime.clock.clone(),
+        runtime.ids.clone(),
+    )?;
+    let kube = api.client(DEV_NAMESPACE);
+    let templates = Arc::new(TemplateRegistry::load(state.templates_path())?);
+    seed_cluster(&kube, &templates).await?;
+    let loaded = security::load_directory(&state.manifest_path(), &state.security_dir())?;
+    let security = Security::new(&loaded, runtime.clock.clone())?;
+    let helper = match &args.helper {
+        Some(path) => path.clone(),
+        None => LocalTransport::helper_beside_current_exe()
+            .context("cannot find execution-helper beside this program; pass --helper PATH")?,
+    };
+    let executor = Arc::new(LocalTransport::new(helper, state.workspaces_dir()));
+    let listener = TokioNet
+        .bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = TokioNet::local_addr(&listener)?;
+    let (trigger, shutdown) = Shutdown::new();
+    let agent = NodeAgent::new(
+        kube.clone(),
+        DEV_NAMESPACE,
+        state.workspaces_dir(),
+        runtime.clock.clone(),
+    );
+    tokio::spawn(agent.run(shutdown.clone().wait()));
+    let deps = Dependencies {
+        runtime,
+        kube,
+        executor,
+        templates,
+        security,
+    };
+    let settings = Settings {
+        namespace: DEV_NAMESPACE.to_owned(),
+        executor_service_account: DEV_EXECUTOR_SERVICE_ACCOUNT.to_owned(),
+    };
+    let task = tokio::spawn(async move {
+        provider::run::<TokioNet>(deps, settings, listener, shutdown).await?;
+        Ok(())
+    });
+    Ok(DevProvider {
+        addr,
+        state,
+        trigger,
+        task,
+    })
+}
+
+/// Creates what a cluster operator (or the Helm chart) provides: the capacity-ledger
+/// ConfigMap (DECISIONS 16) and the RuntimeClasses and StorageClasses the templates name.
+async fn seed_cluster(kube: &kube::Client, templates: &TemplateRegistry) -> anyhow::Result<()> {
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        ..ObjectMeta::default()
+    };
+    let ledger = ConfigMap {
+        metadata: meta(LEDGER_CONFIGMAP_NAME),
+        ..ConfigMap::default()
+    };
+    create_if_absent(
+        &Api::<ConfigMap>::namespaced(kube.clone(), DEV_NAMESPACE),
+        &ledger,
+    )
+    .await?;
+    let resources = templates.cluster_resources();
+    for name in &resources.runtime_classes {
+        let class = RuntimeClass {
+            metadata: meta(name),
+            handler: "runc".to_owned(),
+            ..RuntimeClass::default()
+        };
+        create_if_absent(&Api::<RuntimeClass>::all(kube.clone()), &class).await?;
+    }
+    for name in &resources.storage_classes {
+        let class = StorageClass {
+            metadata: meta(name),
+            provisioner: "dev.execution.mecatl.dev/workspace-directory".to_owned(),
+            ..StorageClass::default()
+        };
+        create_if_absent(&Api::<StorageClass>::all(kube.clone()), &class).await?;
+    }
+    Ok(())
+}
+
+async fn create_if_absent<K>(api: &Api<K>, object: &K) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs `dev` in the foreground until Ctrl-C.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let DevProvider {
+        addr,
+        state,
+        trigger,
+        mut task,
+    } = start(&args).await?;
+    let state = state.root().display().to_string();
+    println!("execution-provider dev is listening on {addr} (mTLS)");
+    println!("state directory: {state}");
+    println!("try:");
+    println!(
+        "  cargo run --release -- client --state-dir {state} --address {addr} exec --binding demo -- 'echo hello > hello.txt && cat hello.txt'"
+    );
+    tokio::select! {
+        result = &mut task => result?,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("shutting down");
+            trigger.trigger();
+            task.await?
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! The command line: `dev` (the embedded provider), `client` (a client for every RPC that
+//! works), and the entry point that maps errors to messages and exit codes.
+
+pub mod client;
+pub mod connect;
+pub mod dev;
+pub mod pki;
+pub mod session;
+pub mod state_dir;
+
+use crate::errors::error_detail;
+
+/// `execution-provider`: isolated, persistent sandboxes for AI-agent platforms.
+#[derive(Debug, clap::Parser)]
+#[command(name = "execution-provider", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Runs the provider on this machine with an embedded API server (no cluster needed).
+    Dev(dev::DevArgs),
+    /// Talks to a provider.
+    Client(Box<client::ClientArgs>),
+}
+
+/// Runs the command line and returns the process exit code.
+pub async fn main(cli: Cli) -> i32 {
+    let result = match cli.command {
+        Command::Dev(args) => dev::run(args).await.map(|()| 0),
+        Command::Client(args) => client::run(*args).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {}", describe(&error));
+            1
+        }
+    }
+}
+
+/// A refusal as `<gRPC code> (<ErrorDetail.code>)`; anything else with its causes.
+pub fn describe(error: &anyhow::Error) -> String {
+    if let Some(status) = error.downcast_ref::<tonic::Status>() {
+        let detail = error_detail(status)
+            .map(|d| {
+                format!(
+                    " ({}{})",
+                    d.code,
+                    if d.retryable { ", retryable" } else { "" }
+                )
+            })
+            .unwrap_or_default();
+        return format!("{:?}{detail}: {}", status.code(), status.message());
+    }
+    format!("{error:#}")
+}

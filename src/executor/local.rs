@@ -1,0 +1,298 @@
+//! The local transport: `execution-helper` run as a child process on a per-environment
+//! workspace directory (the `dev` world and the helper's own tests).
+//!
+//! It follows the pod-exec framing of k8s-executor §4.1: the request JSON on stdin (plus `\n`
+//! and held open for `command.start`), stdout captured up to 8 MiB and stderr up to 64 KiB,
+//! strict envelope decoding, and a deadline. The workspace root is chosen here, by the
+//! launcher, and never by the request.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+use super::protocol::{
+    ExecutorEnvelope, ExecutorRequest, MAX_JSON_BODY, Operation, command_timeout,
+};
+use super::transport::{
+    BoxFuture, CancelSignal, ExecutorTarget, ExecutorTransport, TransportError, decode_envelope,
+    encode_request,
+};
+
+/// File name of the helper binary.
+pub const HELPER_BINARY_NAME: &str = "execution-helper";
+/// Largest helper stderr kept before the stream counts as failed (64 KiB).
+pub const MAX_HELPER_STDERR: usize = 64 * 1024;
+/// Deadline for one file operation.
+pub const FILE_OPERATION_DEADLINE: Duration = Duration::from_secs(120);
+/// Added to a command's timeout for the helper's cleanup and answer.
+pub const COMMAND_DEADLINE_GRACE: Duration = Duration::from_secs(60);
+/// How long an abandoned helper gets to clean up after its stdin closes before it is killed.
+pub const ABANDONED_HELPER_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs `execution-helper` locally with `--workspace <workspaces>/<environment>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalTransport {
+    /// The helper binary.
+    pub helper: PathBuf,
+    /// The directory holding one workspace directory per environment.
+    pub workspaces: PathBuf,
+}
+
+impl LocalTransport {
+    /// A transport running `helper` on workspaces under `workspaces`.
+    pub fn new(helper: impl Into<PathBuf>, workspaces: impl Into<PathBuf>) -> Self {
+        Self {
+            helper: helper.into(),
+            workspaces: workspaces.into(),
+        }
+    }
+
+    /// The `execution-helper` next to the running executable (or next to its parent directory
+    /// when the executable is a test binary in `target/*/deps`).
+    pub fn helper_beside_current_exe() -> std::io::Result<PathBuf> {
+        let exe = std::env::current_exe()?;
+        let dir = exe.parent().unwrap_or(Path::new("."));
+        let beside = dir.join(HELPER_BINARY_NAME);
+        if beside.is_file() {
+            return Ok(beside);
+        }
+        if dir.file_name().is_some_and(|name| name == "deps")
+            && let Some(above) = dir.parent().map(|p| p.join(HELPER_BINARY_NAME))
+            && above.is_file()
+        {
+            return Ok(above);
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{HELPER_BINARY_NAME} not found beside {}", exe.display()),
+        ))
+    }
+
+    /// The workspace directory of `environment`; the name must be one plain path component.
+    pub fn workspace_of(&self, environment: &str) -> Result<PathBuf, TransportError> {
+        let plain = !environment.is_empty()
+            && environment.len() <= 253
+            && environment != "."
+            && environment != ".."
+            && environment
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if !plain {
+            return Err(TransportError::InvalidTarget {
+                reason: "environment name is not a plain lowercase name".to_owned(),
+            });
+        }
+        Ok(self.workspaces.join(environment))
+    }
+
+    async fn run(
+        &self,
+        target: &ExecutorTarget,
+        request: ExecutorRequest,
+        cancel: CancelSignal,
+    ) -> Result<ExecutorEnvelope, TransportError> {
+        let body = encode_request(&request)?;
+        let workspace = self.workspace_of(&target.environment)?;
+        let is_command = request.operation == Operation::CommandStart;
+        let deadline = if is_command {
+            command_timeout(request.timeout_ms) + COMMAND_DEADLINE_GRACE
+        } else {
+            FILE_OPERATION_DEADLINE
+        };
+        let mut helper = HelperProcess::spawn(&self.helper, &workspace)?;
+        let exchange = helper.exchange(body, is_command, cancel);
+        let stdout = tokio::time::timeout(deadline, exchange)
+            .await
+            .map_err(|_| TransportError::stream("executor deadline exceeded"))??;
+        decode_envelope(&stdout)
+    }
+}
+
+impl ExecutorTransport for LocalTransport {
+    fn execute<'a>(
+        &'a self,
+        target: &'a ExecutorTarget,
+        request: ExecutorRequest,
+        cancel: CancelSignal,
+    ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
+        Box::pin(self.run(target, request, cancel))
+    }
+}
+
+/// One helper child process. If it is dropped before the helper exited (the call was abandoned
+/// or timed out), its stdin is already closed, and the helper gets
+/// [`ABANDONED_HELPER_GRACE`] to cancel and clean up its command before it is killed.
+struct HelperProcess {
+    child: Option<Child>,
+}
+
+impl HelperProcess {
+    fn spawn(helper: &Path, workspace: &Path) -> Result<Self, TransportError> {
+        let child = Command::new(helper)
+            .arg("--workspace")
+            .arg(workspace)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                TransportError::stream(format!("cannot start {}: {e}", helper.display()))
+            })?;
+        Ok(Self { child: Some(child) })
+    }
+
+    /// Feeds the request, reads the bounded outputs and waits for the helper to exit.
+    async fn exchange(
+        &mut self,
+        body: Vec<u8>,
+        is_command: bool,
+        cancel: CancelSignal,
+    ) -> Result<Vec<u8>, TransportError> {
+        let child = self
+            .child
+            .as_mut()
+            .expect("the child is present until drop");
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+
+        let feeding = Box::pin(async move {
+            // Write errors are ignored: if the helper stopped reading, its answer says why.
+            if stdin.write_all(&body).await.is_ok() && is_command {
+                let held = stdin.write_all(b"\n").await.is_ok() && stdin.flush().await.is_ok();
+                if held {
+                    cancel.cancelled().await;
+                }
+            }
+            drop(stdin);
+        });
+        let reading = async {
+            tokio::try_join!(
+                read_bounded(stdout, MAX_JSON_BODY, "stdout"),
+                read_bounded(stderr, MAX_HELPER_STDERR, "stderr")
+            )
+        };
+        tokio::pin!(reading);
+        let mut feeding = Some(feeding);
+        let outputs = loop {
+            match feeding.as_mut() {
+                Some(feed) => {
+                    tokio::select! {
+                        outputs = &mut reading => break outputs,
+                        () = feed => feeding = None,
+                    }
+                }
+                None => break reading.await,
+            }
+        };
+        // Closes stdin if the helper answered while it was still held open.
+        drop(feeding);
+        let (stdout, _stderr) = outputs?;
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| TransportError::stream(format!("waiting for the helper: {e}")))?;
+        self.child = None;
+        if !status.success() {
+            return Err(TransportError::stream(format!(
+                "helper exited with {status}"
+            )));
+        }
+        Ok(stdout)
+    }
+}
+
+impl Drop for HelperProcess {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        drop(child.stdin.take());
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if tokio::time::timeout(ABANDONED_HELPER_GRACE, child.wait())
+                        .await
+                        .is_err()
+                    {
+                        let _ = child.kill().await;
+                    }
+                });
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+            }
+        }
+    }
+}
+
+/// Reads `reader` to EOF, failing once it passes `limit` bytes.
+async fn read_bounded(
+    reader: impl AsyncRead + Unpin,
+    limit: usize,
+    name: &str,
+) -> Result<Vec<u8>, TransportError> {
+    let mut buffer = Vec::new();
+    reader
+        .take(limit as u64 + 1)
+        .read_to_end(&mut buffer)
+        .await
+        .map_err(|e| TransportError::stream(format!("reading helper {name}: {e}")))?;
+    if buffer.len() > limit {
+        return Err(TransportError::stream(format!(
+            "helper {name} exceeds {limit} bytes"
+        )));
+    }
+    Ok(buffer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspaces_are_keyed_by_plain_environment_names_only() {
+        let transport = LocalTransport::new("/bin/helper", "/var/ws");
+        assert_eq!(
+            transport.workspace_of("exec-0123abcd").unwrap(),
+            PathBuf::from("/var/ws/exec-0123abcd")
+        );
+        for bad in ["", ".", "..", "../x", "a/b", "/abs", "UPPER", "a\0b"] {
+            assert!(
+                matches!(
+                    transport.workspace_of(bad),
+                    Err(TransportError::InvalidTarget { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_helper_binary_is_a_stream_failure() {
+        let transport = LocalTransport::new("/nonexistent/execution-helper", "/tmp");
+        let target = ExecutorTarget {
+            namespace: "ns".into(),
+            pod_name: "executor-x".into(),
+            environment: "exec-x".into(),
+        };
+        let err = transport
+            .execute(
+                &target,
+                ExecutorRequest::new(Operation::FileStat),
+                CancelSignal::never(),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, TransportError::StreamFailed { .. }), "{err}");
+        assert!(err.is_uncontrolled());
+    }
+}

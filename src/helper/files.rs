@@ -1,0 +1,315 @@
+//! The confined file operations of k8s-executor §4.3.
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use cap_std::fs::{Metadata, MetadataExt as _, OpenOptions, OpenOptionsExt as _};
+use sha2::Digest as _;
+
+use super::error::HelperError;
+use super::workspace::{FILE_MODE, Workspace, base_name};
+use crate::executor::protocol::{
+    ExecutorResponse, FileInfo, MAX_FILE_BYTES, MODE_CHAR_DEVICE, MODE_DEVICE, MODE_DIR,
+    MODE_IRREGULAR, MODE_NAMED_PIPE, MODE_PERM, MODE_SETGID, MODE_SETUID, MODE_SOCKET, MODE_STICKY,
+    MODE_SYMLINK, content_version, format_rfc3339_nano,
+};
+
+/// Files larger than this are refused outright by `file.read` (an internal error).
+pub const MAX_READABLE_FILE: u64 = 64 * 1024 * 1024;
+
+const FILE_TOO_LARGE: &str = "file exceeds configured limit";
+const DIRECTORY_TOO_LARGE: &str = "directory exceeds configured limit";
+
+/// `file.read`: the whole content (at most 5 MiB) and its version.
+pub fn read(ws: &Workspace, path: &Path) -> Result<ExecutorResponse, HelperError> {
+    let meta = ws.dir().metadata(path)?;
+    if !meta.is_file() {
+        return Err(HelperError::internal("not a regular file"));
+    }
+    if meta.len() > MAX_READABLE_FILE {
+        return Err(HelperError::internal("file too large to read"));
+    }
+    let mut data = Vec::new();
+    ws.dir()
+        .open(path)?
+        .take(MAX_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut data)?;
+    if data.len() > MAX_FILE_BYTES {
+        return Err(HelperError::ResourceExhausted(FILE_TOO_LARGE));
+    }
+    Ok(ExecutorResponse {
+        version: content_version(&data),
+        data,
+        ..ExecutorResponse::default()
+    })
+}
+
+/// `file.stat`: metadata, following symlinks that stay inside the root.
+pub fn stat(ws: &Workspace, path: &Path) -> Result<ExecutorResponse, HelperError> {
+    let meta = ws.dir().metadata(path)?;
+    Ok(ExecutorResponse {
+        info: Some(file_info(base_name(path), &meta)),
+        ..ExecutorResponse::default()
+    })
+}
+
+/// `file.create`: exclusive create (0644) after creating missing parents (0755).
+pub fn create(ws: &Workspace, path: &Path, data: &[u8]) -> Result<ExecutorResponse, HelperError> {
+    ws.create_parents(path)?;
+    let mut file = ws.dir().open_with(
+        path,
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE),
+    )?;
+    file.write_all(data)?;
+    Ok(version_response(content_version(data)))
+}
+
+/// `file.replace`: compare-and-swap on the SHA-256 version, then an in-place truncating write.
+pub fn replace(
+    ws: &Workspace,
+    path: &Path,
+    data: &[u8],
+    expected_version: &str,
+) -> Result<ExecutorResponse, HelperError> {
+    let meta = ws.dir().metadata(path)?;
+    if !meta.is_file() {
+        return Err(HelperError::internal("not a regular file"));
+    }
+    let current = hash_file(ws, path)?;
+    if expected_version.is_empty() || current != expected_version {
+        return Err(HelperError::VersionMismatch);
+    }
+    let mut file = ws.dir().open_with(
+        path,
+        OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .mode(FILE_MODE),
+    )?;
+    file.write_all(data)?;
+    Ok(version_response(content_version(data)))
+}
+
+/// `file.list`: the immediate children, sorted by name, not followed.
+pub fn list(ws: &Workspace, path: &Path, limit: usize) -> Result<ExecutorResponse, HelperError> {
+    let dir = ws.dir().open_dir(path)?;
+    let mut names = Vec::new();
+    for entry in dir.entries()? {
+        names.push(entry?.file_name());
+        if names.len() > limit {
+            return Err(HelperError::ResourceExhausted(DIRECTORY_TOO_LARGE));
+        }
+    }
+    names.sort();
+    let mut entries = Vec::with_capacity(names.len());
+    for name in names {
+        match dir.symlink_metadata(&name) {
+            Ok(meta) => entries.push(file_info(name.to_string_lossy().into_owned(), &meta)),
+            // Removed between the listing and the lstat.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(ExecutorResponse {
+        entries,
+        ..ExecutorResponse::default()
+    })
+}
+
+/// `file.remove`: one file, link or empty directory; never recursive.
+pub fn remove(ws: &Workspace, path: &Path) -> Result<ExecutorResponse, HelperError> {
+    if path == Path::new(".") {
+        return Err(HelperError::internal("cannot remove the workspace root"));
+    }
+    ws.canonical(path)?;
+    let meta = ws.dir().symlink_metadata(path)?;
+    if meta.is_dir() {
+        ws.dir().remove_dir(path)?;
+    } else {
+        ws.dir().remove_file(path)?;
+    }
+    Ok(ExecutorResponse::default())
+}
+
+/// `file.rename`: never clobbers; destination parents are created.
+pub fn rename(
+    ws: &Workspace,
+    source: &Path,
+    destination: &Path,
+) -> Result<ExecutorResponse, HelperError> {
+    if source == Path::new(".") || destination == Path::new(".") {
+        return Err(HelperError::internal("cannot rename the workspace root"));
+    }
+    ws.dir().symlink_metadata(source)?;
+    refuse_existing(ws, destination)?;
+    ws.create_parents(destination)?;
+    ws.dir().rename(source, ws.dir(), destination)?;
+    Ok(ExecutorResponse::default())
+}
+
+/// `file.copy`: a regular file to a new, exclusively created destination.
+pub fn copy(
+    ws: &Workspace,
+    source: &Path,
+    destination: &Path,
+) -> Result<ExecutorResponse, HelperError> {
+    let meta = ws.dir().metadata(source)?;
+    if !meta.is_file() {
+        return Err(HelperError::internal("copy source is not a regular file"));
+    }
+    refuse_existing(ws, destination)?;
+    ws.create_parents(destination)?;
+    let mut input = ws.dir().open(source)?;
+    let mut output = ws.dir().open_with(
+        destination,
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE),
+    )?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match input.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        hasher.update(&buffer[..n]);
+        output.write_all(&buffer[..n])?;
+    }
+    Ok(version_response(hex::encode(hasher.finalize())))
+}
+
+/// `file.resolve_authority`: the canonical target and the canonical root.
+pub fn resolve_authority(ws: &Workspace, path: &Path) -> Result<ExecutorResponse, HelperError> {
+    let target: PathBuf = ws.canonical(path)?;
+    Ok(ExecutorResponse {
+        authority_target: target.to_string_lossy().into_owned(),
+        authority_workspace: ws.root().to_string_lossy().into_owned(),
+        ..ExecutorResponse::default()
+    })
+}
+
+/// Metadata in the wire form, with Go `fs.FileMode` bits.
+pub fn file_info(name: String, meta: &Metadata) -> FileInfo {
+    let nanos = u32::try_from(meta.mtime_nsec()).unwrap_or(0);
+    FileInfo {
+        name,
+        size: i64::try_from(meta.len()).unwrap_or(i64::MAX),
+        mode: go_file_mode(meta.mode()),
+        mod_time: format_rfc3339_nano(meta.mtime(), nanos),
+        is_dir: meta.is_dir(),
+    }
+}
+
+/// Converts a Unix `st_mode` to Go `fs.FileMode` bits.
+pub fn go_file_mode(st_mode: u32) -> u32 {
+    const S_IFMT: u32 = 0o170_000;
+    let mut mode = st_mode & MODE_PERM;
+    mode |= match st_mode & S_IFMT {
+        0o040_000 => MODE_DIR,
+        0o120_000 => MODE_SYMLINK,
+        0o010_000 => MODE_NAMED_PIPE,
+        0o140_000 => MODE_SOCKET,
+        0o020_000 => MODE_DEVICE | MODE_CHAR_DEVICE,
+        0o060_000 => MODE_DEVICE,
+        0o100_000 => 0,
+        _ => MODE_IRREGULAR,
+    };
+    if st_mode & 0o4000 != 0 {
+        mode |= MODE_SETUID;
+    }
+    if st_mode & 0o2000 != 0 {
+        mode |= MODE_SETGID;
+    }
+    if st_mode & 0o1000 != 0 {
+        mode |= MODE_STICKY;
+    }
+    mode
+}
+
+fn refuse_existing(ws: &Workspace, path: &Path) -> Result<(), HelperError> {
+    match ws.dir().symlink_metadata(path) {
+        Ok(_) => Err(HelperError::AlreadyExists),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn hash_file(ws: &Workspace, path: &Path) -> Result<String, HelperError> {
+    let mut file = ws.dir().open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        match file.read(&mut buffer) {
+            Ok(0) => return Ok(hex::encode(hasher.finalize())),
+            Ok(n) => hasher.update(&buffer[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn version_response(version: String) -> ExecutorResponse {
+    ExecutorResponse {
+        version,
+        ..ExecutorResponse::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_modes_become_go_file_modes() {
+        assert_eq!(go_file_mode(0o100_644), 0o644);
+        assert_eq!(go_file_mode(0o040_755), MODE_DIR | 0o755);
+        assert_eq!(go_file_mode(0o120_777), MODE_SYMLINK | 0o777);
+        assert_eq!(go_file_mode(0o041_777), MODE_DIR | MODE_STICKY | 0o777);
+        assert_eq!(
+            go_file_mode(0o020_666),
+            MODE_DEVICE | MODE_CHAR_DEVICE | 0o666
+        );
+        assert_eq!(go_file_mode(0o104_755), MODE_SETUID | 0o755);
+    }
+
+    #[test]
+    fn a_parent_symlink_leaving_the_root_is_refused_on_create() {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(&temp.path().join("ws")).unwrap();
+        std::os::unix::fs::symlink(temp.path(), ws.root().join("up")).unwrap();
+        let err = create(&ws, Path::new("up/escaped.txt"), b"x").unwrap_err();
+        assert!(matches!(err, HelperError::OutsideWorkspace), "{err:?}");
+        assert!(!temp.path().join("escaped.txt").exists());
+        let err = create(&ws, Path::new("up/deeper/escaped.txt"), b"x").unwrap_err();
+        assert!(matches!(err, HelperError::OutsideWorkspace), "{err:?}");
+        assert!(!temp.path().join("deeper").exists());
+    }
+
+    #[test]
+    fn rename_and_copy_never_clobber() {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(temp.path()).unwrap();
+        create(&ws, Path::new("a"), b"A").unwrap();
+        create(&ws, Path::new("b"), b"B").unwrap();
+        assert!(matches!(
+            rename(&ws, Path::new("a"), Path::new("b")),
+            Err(HelperError::AlreadyExists)
+        ));
+        assert!(matches!(
+            copy(&ws, Path::new("a"), Path::new("b")),
+            Err(HelperError::AlreadyExists)
+        ));
+        let copied = copy(&ws, Path::new("a"), Path::new("sub/c")).unwrap();
+        assert_eq!(copied.version, content_version(b"A"));
+        rename(&ws, Path::new("a"), Path::new("moved/a")).unwrap();
+        assert_eq!(std::fs::read(ws.root().join("moved/a")).unwrap(), b"A");
+        assert_eq!(std::fs::read(ws.root().join("b")).unwrap(), b"B");
+    }
+}

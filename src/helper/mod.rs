@@ -1,0 +1,288 @@
+//! What `execution-helper` does: one request on stdin, one envelope line on stdout
+//! (k8s-executor §4.3).
+//!
+//! The helper is the fixed program inside an executor Pod (and the local process of `dev`). It
+//! reads one JSON request (up to 8 MiB, until the first `\n` or EOF), performs it in the
+//! workspace with confined file access ([`workspace`], [`files`]) or as a bounded shell command
+//! ([`command`]), and writes exactly one [`ExecutorEnvelope`] line. The workspace root comes
+//! from the `--workspace` flag set by the launcher, never from the request.
+
+pub mod command;
+pub mod error;
+pub mod files;
+pub mod output;
+pub mod reaper;
+pub mod workspace;
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::io::{BufRead, Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use tokio::sync::watch;
+
+use crate::executor::protocol::{
+    ExecutorEnvelope, ExecutorRequest, ExecutorResponse, MAX_FILE_BYTES, MAX_JSON_BODY,
+    MAX_LIST_ENTRIES, MAX_PATH_BYTES, Operation, decode_strict,
+};
+use error::{BOUNDS_MESSAGE, HelperError};
+use workspace::Workspace;
+
+/// The workspace root when `--workspace` is not given.
+pub const DEFAULT_WORKSPACE: &str = "/workspace";
+/// Answer to a word only the provider handles.
+pub const PROVIDER_ONLY_MESSAGE: &str = "operation is handled by provider, not workload";
+/// Answer to a word the helper does not perform.
+pub const UNSUPPORTED_MESSAGE: &str = "unsupported executor operation";
+/// Answer to a stdin frame over [`MAX_JSON_BODY`].
+pub const FRAME_TOO_LARGE_MESSAGE: &str = "executor request exceeds limit";
+
+/// The helper's command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelperConfig {
+    /// The workspace root (`--workspace DIR`, default `/workspace`).
+    pub workspace: PathBuf,
+}
+
+/// Parses `--workspace DIR` / `--workspace=DIR` (the arguments after the program name).
+pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<HelperConfig, String> {
+    let mut workspace = PathBuf::from(DEFAULT_WORKSPACE);
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == "--workspace" {
+            let value = args.next().ok_or("--workspace needs a directory")?;
+            workspace = PathBuf::from(value);
+        } else if let Some(value) = arg.to_str().and_then(|a| a.strip_prefix("--workspace=")) {
+            workspace = PathBuf::from(value);
+        } else {
+            return Err(format!("unexpected argument {}", arg.to_string_lossy()));
+        }
+    }
+    if workspace.as_os_str().is_empty() {
+        return Err("--workspace must not be empty".to_owned());
+    }
+    Ok(HelperConfig { workspace })
+}
+
+/// The whole helper process: returns its exit code (1 only if stdout cannot be written).
+pub fn main_entry() -> ExitCode {
+    let config = match parse_args(std::env::args_os().skip(1)) {
+        Ok(config) => config,
+        Err(problem) => {
+            eprintln!("execution-helper: {problem}\nusage: execution-helper [--workspace DIR]");
+            return ExitCode::from(2);
+        }
+    };
+    let subreaper = reaper::become_subreaper();
+    let frame = read_frame(&mut std::io::stdin().lock());
+
+    // After the request, any further byte, EOF or read error on stdin cancels a command.
+    let (cancel_sender, cancel_receiver) = watch::channel(false);
+    std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        let _ = std::io::stdin().lock().read(&mut byte);
+        cancel_sender.send_replace(true);
+    });
+
+    let envelope = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(handle(
+            frame,
+            &config.workspace,
+            cancelled(cancel_receiver),
+            subreaper,
+        )),
+        Err(e) => ExecutorEnvelope::error(HelperError::internal(e.to_string()).to_wire()),
+    };
+    write_envelope(&envelope)
+}
+
+/// Reads one request frame: bytes up to the first `\n` (not included) or EOF, at most
+/// [`MAX_JSON_BODY`].
+pub fn read_frame(input: &mut impl BufRead) -> Result<Vec<u8>, HelperError> {
+    let mut frame = Vec::new();
+    input
+        .take(MAX_JSON_BODY as u64 + 1)
+        .read_until(b'\n', &mut frame)
+        .map_err(|e| HelperError::internal(e.to_string()))?;
+    if frame.last() == Some(&b'\n') {
+        frame.pop();
+    }
+    if frame.len() > MAX_JSON_BODY {
+        return Err(HelperError::ResourceExhausted(FRAME_TOO_LARGE_MESSAGE));
+    }
+    Ok(frame)
+}
+
+/// Performs one framed request in the workspace at `root` and returns its envelope.
+pub async fn handle(
+    frame: Result<Vec<u8>, HelperError>,
+    root: &Path,
+    cancelled: impl Future<Output = ()>,
+    subreaper: bool,
+) -> ExecutorEnvelope {
+    match perform(frame, root, cancelled, subreaper).await {
+        Ok(response) => ExecutorEnvelope::response(response),
+        Err(error) => ExecutorEnvelope::error(error.to_wire()),
+    }
+}
+
+async fn perform(
+    frame: Result<Vec<u8>, HelperError>,
+    root: &Path,
+    cancelled: impl Future<Output = ()>,
+    subreaper: bool,
+) -> Result<ExecutorResponse, HelperError> {
+    let request: ExecutorRequest =
+        decode_strict(&frame?).map_err(|e| HelperError::InvalidArgument(e.to_string()))?;
+    let ws = Workspace::open(root).map_err(|e| HelperError::internal(e.to_string()))?;
+    check_bounds(&request)?;
+    let path = || ws.resolve(&request.path);
+    let destination = || ws.resolve(&request.destination);
+    match &request.operation {
+        Operation::FileRead => files::read(&ws, &path()?),
+        Operation::FileStat => files::stat(&ws, &path()?),
+        Operation::FileCreate => files::create(&ws, &path()?, &request.data),
+        Operation::FileReplace => files::replace(&ws, &path()?, &request.data, &request.version),
+        Operation::FileList => files::list(&ws, &path()?, effective_limit(request.limit)),
+        Operation::FileRemove => files::remove(&ws, &path()?),
+        Operation::FileRename => files::rename(&ws, &path()?, &destination()?),
+        Operation::FileCopy => files::copy(&ws, &path()?, &destination()?),
+        Operation::FileResolveAuthority => files::resolve_authority(&ws, &path()?),
+        Operation::CommandStart => {
+            let status = command::start(ws.root(), &request, cancelled, subreaper).await?;
+            Ok(ExecutorResponse {
+                command: Some(status),
+                ..ExecutorResponse::default()
+            })
+        }
+        // file.glob and file.grep belong to the full helper; until then they are refused.
+        Operation::FileGlob | Operation::FileGrep | Operation::Unknown(_) => {
+            Err(HelperError::InvalidArgument(UNSUPPORTED_MESSAGE.to_owned()))
+        }
+        _ => Err(HelperError::InvalidArgument(
+            PROVIDER_ONLY_MESSAGE.to_owned(),
+        )),
+    }
+}
+
+/// The generic request bounds: data, path lengths and the result limit.
+pub fn check_bounds(request: &ExecutorRequest) -> Result<(), HelperError> {
+    let too_long = |s: &str| s.len() > MAX_PATH_BYTES;
+    if request.data.len() > MAX_FILE_BYTES
+        || too_long(&request.path)
+        || too_long(&request.destination)
+        || too_long(&request.pattern)
+        || request.limit < 0
+        || request.limit > MAX_LIST_ENTRIES as i64
+    {
+        return Err(HelperError::ResourceExhausted(BOUNDS_MESSAGE));
+    }
+    Ok(())
+}
+
+/// The result limit in effect: the request's if positive and below the maximum, else the
+/// maximum.
+pub fn effective_limit(limit: i64) -> usize {
+    match usize::try_from(limit) {
+        Ok(limit) if limit > 0 && limit < MAX_LIST_ENTRIES => limit,
+        _ => MAX_LIST_ENTRIES,
+    }
+}
+
+/// Completes when the stdin watcher fires or the helper receives SIGINT or SIGTERM. The
+/// signal handlers are installed on first poll, so only a running command replaces the
+/// default signal behaviour.
+async fn cancelled(mut stdin_closed: watch::Receiver<bool>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
+    let terminated = async {
+        match terminate.as_mut() {
+            Some(s) => s.recv().await,
+            None => std::future::pending().await,
+        }
+    };
+    let interrupted = async {
+        match interrupt.as_mut() {
+            Some(s) => s.recv().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = stdin_closed.wait_for(|closed| *closed) => {}
+        _ = terminated => {}
+        _ = interrupted => {}
+    }
+}
+
+fn write_envelope(envelope: &ExecutorEnvelope) -> ExitCode {
+    let mut line = serde_json::to_vec(envelope).expect("an envelope always encodes as JSON");
+    line.push(b'\n');
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_all(&line)
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        eprintln!("execution-helper: cannot write the response");
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::protocol::ErrorCode;
+
+    #[test]
+    fn the_workspace_flag_is_the_only_argument() {
+        let parse = |args: &[&str]| parse_args(args.iter().map(OsString::from));
+        assert_eq!(parse(&[]).unwrap().workspace, PathBuf::from("/workspace"));
+        assert_eq!(
+            parse(&["--workspace", "/w"]).unwrap().workspace,
+            PathBuf::from("/w")
+        );
+        assert_eq!(
+            parse(&["--workspace=/v"]).unwrap().workspace,
+            PathBuf::from("/v")
+        );
+        assert!(parse(&["--workspace"]).is_err());
+        assert!(parse(&["--root", "/"]).is_err());
+    }
+
+    #[test]
+    fn a_frame_ends_at_the_first_newline_or_eof_and_is_bounded() {
+        let mut input = &b"{\"a\":1}\nrest"[..];
+        assert_eq!(read_frame(&mut input).unwrap(), b"{\"a\":1}");
+        assert_eq!(input, b"rest");
+        let mut input = &b"{}"[..];
+        assert_eq!(read_frame(&mut input).unwrap(), b"{}");
+        let big = vec![b' '; MAX_JSON_BODY + 1];
+        let err = read_frame(&mut &big[..]).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ResourceExhausted);
+        let mut exact = vec![b' '; MAX_JSON_BODY];
+        exact.push(b'\n');
+        assert_eq!(read_frame(&mut &exact[..]).unwrap().len(), MAX_JSON_BODY);
+    }
+
+    #[test]
+    fn bounds_and_limits_follow_the_spec() {
+        let mut request = ExecutorRequest::new(Operation::FileList);
+        assert!(check_bounds(&request).is_ok());
+        request.limit = -1;
+        assert!(check_bounds(&request).is_err());
+        request.limit = MAX_LIST_ENTRIES as i64 + 1;
+        assert!(check_bounds(&request).is_err());
+        request.limit = 0;
+        request.path = "a".repeat(MAX_PATH_BYTES + 1);
+        assert!(check_bounds(&request).is_err());
+        assert_eq!(effective_limit(0), MAX_LIST_ENTRIES);
+        assert_eq!(effective_limit(5), 5);
+        assert_eq!(effective_limit(MAX_LIST_ENTRIES as i64), MAX_LIST_ENTRIES);
+    }
+}

@@ -1,0 +1,200 @@
+//! Request dispatch: maps a method on a routed path to a read, write, delete or watch and
+//! renders the answer (201 for creates, `Status` objects for every failure).
+
+use std::{sync::Arc, time::Duration};
+
+use http::{Method, Response, header::CONTENT_TYPE, request::Parts};
+use serde_json::{Value, json};
+
+use super::{
+    Shared,
+    delete::{self, DeleteOptions},
+    read::{self, ListRequest},
+    registry::KindInfo,
+    response::{self, ResponseBody},
+    route::{Query, Target, parse_path},
+    selector::{FieldSelector, Filter, LabelSelector},
+    status::ApiError,
+    store::ObjectKey,
+    watch::{self, DEFAULT_TIMEOUT, WatchRequest},
+    write,
+};
+
+type Answer = Result<Response<ResponseBody>, ApiError>;
+
+/// Answers one request whose body has been read.
+pub fn handle(shared: &Arc<Shared>, parts: &Parts, body: &[u8]) -> Response<ResponseBody> {
+    let answer = route(shared, parts, body);
+    answer.unwrap_or_else(|err| {
+        tracing::debug!(method = %parts.method, uri = %parts.uri, code = err.code, reason = err.reason, "apiserver request failed");
+        response::error(&err)
+    })
+}
+
+fn route(shared: &Arc<Shared>, parts: &Parts, body: &[u8]) -> Answer {
+    let target = parse_path(parts.uri.path())?;
+    let query = Query::parse(parts.uri.query());
+    let method = &parts.method;
+    match target {
+        Target::Version if method == Method::GET => Ok(response::json(200, &version())),
+        Target::Version => Err(ApiError::method_not_allowed(method.as_str())),
+        Target::Collection { kind, namespace } => {
+            collection(shared, kind, namespace, method, &query, body)
+        }
+        Target::Object {
+            kind,
+            namespace,
+            name,
+            status,
+        } => {
+            let key = ObjectKey {
+                kind: kind.kind,
+                namespace,
+                name,
+            };
+            let content_type = parts
+                .headers
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            object(
+                shared,
+                kind,
+                key,
+                status,
+                method,
+                &query,
+                content_type,
+                body,
+            )
+        }
+    }
+}
+
+fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "33",
+        "gitVersion": "v1.33.0-execution-provider-inprocess",
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "1970-01-01T00:00:00Z",
+        "goVersion": "",
+        "compiler": "rust",
+        "platform": "any",
+    })
+}
+
+fn json_body(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+fn filter(kind: &KindInfo, namespace: Option<String>, query: &Query) -> Result<Filter, ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))
+        .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or(""), kind)
+        .map_err(ApiError::bad_request)?;
+    Ok(Filter {
+        namespace,
+        labels,
+        fields,
+    })
+}
+
+fn collection(
+    shared: &Arc<Shared>,
+    kind: &'static KindInfo,
+    namespace: Option<String>,
+    method: &Method,
+    query: &Query,
+    body: &[u8],
+) -> Answer {
+    match *method {
+        Method::GET if query.flag("watch") => {
+            let timeout = match query.number("timeoutSeconds")? {
+                Some(secs) if secs > 0 => Duration::from_secs(secs),
+                _ => DEFAULT_TIMEOUT,
+            };
+            let request = WatchRequest {
+                filter: filter(kind, namespace, query)?,
+                resource_version: query.resource_version()?,
+                bookmarks: query.flag("allowWatchBookmarks"),
+                send_initial_events: query.flag("sendInitialEvents"),
+                timeout,
+            };
+            let body = watch::start(Arc::clone(shared), kind, request);
+            Ok(response::with_body(200, body))
+        }
+        Method::GET => {
+            let request = ListRequest {
+                filter: filter(kind, namespace, query)?,
+                limit: query.number("limit")?,
+                continue_token: query.get("continue"),
+                resource_version: query.resource_version()?,
+            };
+            let list = read::list(&shared.lock(), kind, &request)?;
+            Ok(response::json(200, &list))
+        }
+        Method::POST => {
+            let namespace = match (kind.namespaced, namespace) {
+                (true, Some(ns)) => ns,
+                (false, None) => String::new(),
+                _ => return Err(ApiError::method_not_allowed(method.as_str())),
+            };
+            let object = json_body(body)?;
+            let ctx = shared.ctx(query.dry_run());
+            let created = write::create(&mut shared.lock(), &ctx, kind, &namespace, object)?;
+            Ok(response::json(201, &created))
+        }
+        Method::DELETE => {
+            let options = DeleteOptions::parse(body)?;
+            let ctx = shared.ctx(query.dry_run() || options.dry_run);
+            let filter = filter(kind, namespace, query)?;
+            let list =
+                delete::delete_collection(&mut shared.lock(), &ctx, kind, &filter, &options)?;
+            Ok(response::json(200, &list))
+        }
+        _ => Err(ApiError::method_not_allowed(method.as_str())),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn object(
+    shared: &Arc<Shared>,
+    kind: &'static KindInfo,
+    key: ObjectKey,
+    status: bool,
+    method: &Method,
+    query: &Query,
+    content_type: &str,
+    body: &[u8],
+) -> Answer {
+    let answer = match *method {
+        Method::GET => read::get(&shared.lock(), kind, &key)?,
+        Method::PUT => {
+            let object = json_body(body)?;
+            let ctx = shared.ctx(query.dry_run());
+            write::replace(&mut shared.lock(), &ctx, kind, key, status, object)?
+        }
+        Method::PATCH => {
+            let ctx = shared.ctx(query.dry_run());
+            write::patch(
+                &mut shared.lock(),
+                &ctx,
+                kind,
+                key,
+                status,
+                content_type,
+                body,
+            )?
+        }
+        Method::DELETE if !status => {
+            let options = DeleteOptions::parse(body)?;
+            let ctx = shared.ctx(query.dry_run() || options.dry_run);
+            delete::delete(&mut shared.lock(), &ctx, kind, key, &options)?
+        }
+        _ => return Err(ApiError::method_not_allowed(method.as_str())),
+    };
+    Ok(response::json(200, &answer))
+}

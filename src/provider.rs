@@ -1,0 +1,99 @@
+//! The provider process: the store, the gRPC server and the reconciler wired together over
+//! the seams. `serve` (production), `dev` and the simulator all call [`run`] with their own
+//! [`Dependencies`].
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::executor::transport::ExecutorTransport;
+use crate::reconciler::{self, ReconcilerConfig};
+use crate::runtime::Runtime;
+use crate::runtime::net::Net;
+use crate::security::Security;
+use crate::server::{self, ProviderService, ServeError};
+use crate::store::Store;
+use crate::templates::TemplateRegistry;
+
+/// Everything the provider reads the world through.
+#[derive(Clone)]
+pub struct Dependencies {
+    /// Clock and ids.
+    pub runtime: Runtime,
+    /// The Kubernetes API.
+    pub kube: kube::Client,
+    /// How helper requests reach executors.
+    pub executor: Arc<dyn ExecutorTransport>,
+    /// Profiles and templates.
+    pub templates: Arc<TemplateRegistry>,
+    /// TLS and client policy.
+    pub security: Security,
+}
+
+/// Where and as whom the provider runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The namespace of environments, Pods and PVCs.
+    pub namespace: String,
+    /// The dedicated service account of executor Pods.
+    pub executor_service_account: String,
+}
+
+/// A shutdown signal shared by the server and the reconciler.
+#[derive(Clone)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+/// Triggers a [`Shutdown`].
+pub struct ShutdownTrigger(watch::Sender<bool>);
+
+impl Shutdown {
+    /// A signal and its trigger.
+    pub fn new() -> (ShutdownTrigger, Shutdown) {
+        let (tx, rx) = watch::channel(false);
+        (ShutdownTrigger(tx), Shutdown(rx))
+    }
+
+    /// Completes once shutdown was triggered (or the trigger dropped).
+    pub async fn wait(mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+}
+
+impl ShutdownTrigger {
+    /// Starts the shutdown.
+    pub fn trigger(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+/// Runs the gRPC server on `listener` and the reconciler until `shutdown`, then stops both.
+pub async fn run<N: Net>(
+    deps: Dependencies,
+    settings: Settings,
+    listener: N::Listener,
+    shutdown: Shutdown,
+) -> Result<(), ServeError> {
+    let store = Store::new(
+        deps.kube.clone(),
+        &settings.namespace,
+        deps.templates.clone(),
+        deps.executor.clone(),
+        deps.runtime.clone(),
+    );
+    let reconciler = tokio::spawn(reconciler::run(
+        deps.kube.clone(),
+        ReconcilerConfig {
+            namespace: settings.namespace.clone(),
+            executor_service_account: settings.executor_service_account.clone(),
+        },
+        deps.templates.clone(),
+        deps.runtime.clone(),
+        shutdown.clone().wait(),
+    ));
+    let service = ProviderService::new(store, deps.security.clone());
+    let served = server::serve::<N>(listener, service, &deps.security, shutdown.wait()).await;
+    if let Err(error) = reconciler.await {
+        tracing::error!(%error, "reconciler task failed");
+    }
+    served
+}

@@ -1,0 +1,337 @@
+//! Run claims: the exclusive, expiring right of one (binding, run) to dispatch work on the
+//! environment. The fencing token is (claim id, epoch, grant generation).
+
+use std::time::Duration;
+
+use super::cas::{self, Decision};
+use super::naming::{client_hash, fingerprint};
+use super::predicates::{
+    active, claim_current, creator_matches, env_ref, healthy, published, ready, schema_current,
+    template_retained, valid_claim,
+};
+use super::{Caller, ClaimContext, EnvRef, MAX_RUN_TTL, MIN_RUN_TTL, RunClaim, Store, StoreError};
+use crate::kube::crd::{ActiveRun, ExecutionEnvironment, RenewReceipt, RfcTime};
+
+/// How many renewal receipts are kept.
+const MAX_RENEW_RECEIPTS: usize = 32;
+
+/// A request to take a claim.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The environment.
+    pub env: EnvRef,
+    /// The caller.
+    pub caller: Caller,
+    /// The binding.
+    pub binding_id: String,
+    /// The client's run id.
+    pub run_id: String,
+    /// The client's operation id (replays return the same claim).
+    pub operation_id: String,
+    /// How long the claim lasts.
+    pub ttl: Duration,
+}
+
+fn check_ttl(ttl: Duration) -> Result<(), StoreError> {
+    if ttl < MIN_RUN_TTL || ttl > MAX_RUN_TTL {
+        return Err(StoreError::InvalidArgument("run TTL out of bounds"));
+    }
+    Ok(())
+}
+
+/// The gates every claim mutation passes first: same creator and revision, current schema,
+/// template retained.
+fn claim_gates(
+    o: &ExecutionEnvironment,
+    env: &EnvRef,
+    caller: &Caller,
+    store: &Store,
+) -> Result<(), StoreError> {
+    if !creator_matches(o, caller) || o.spec.revision != env.revision {
+        return Err(StoreError::not_found(
+            &env.id,
+            "creator, owner or revision differs",
+        ));
+    }
+    if !schema_current(o) {
+        return Err(StoreError::not_ready(&env.id, "incompatible schema"));
+    }
+    if !template_retained(o, &store.templates) {
+        return Err(StoreError::not_ready(&env.id, "template revoked"));
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Takes the environment's run claim, bumping the epoch.
+    pub async fn acquire_run(&self, req: &AcquireRequest) -> Result<RunClaim, StoreError> {
+        check_ttl(req.ttl)?;
+        let env = &req.env;
+        let now = self.now();
+        let fresh_claim_id = self.runtime.ids.hex(16);
+        cas::update_status(&self.api, &env.id, |o| {
+            claim_gates(o, env, &req.caller, self)?;
+            let status = o.status.clone().unwrap_or_default();
+            if status.lifecycle_operation.is_some() {
+                return Err(StoreError::not_ready(
+                    &env.id,
+                    "lifecycle operation in progress",
+                ));
+            }
+            if !published(o, &req.binding_id) {
+                return Err(StoreError::not_found(
+                    &env.id,
+                    "published reference not found",
+                ));
+            }
+            if !active(o) || !ready(o) || !healthy(o) {
+                return Err(StoreError::NotReady {
+                    env: env.id.clone(),
+                    reason: "environment is not ready",
+                    retryable: true,
+                });
+            }
+            if let Some((run, epoch)) = valid_claim(o) {
+                if run.binding_id == req.binding_id
+                    && run.run_id == req.run_id
+                    && run.operation_id == req.operation_id
+                {
+                    if run.grant_generation != status.grant_generation.unwrap_or(0) {
+                        return Err(StoreError::conflict(&env.id, "run claim was revoked"));
+                    }
+                    if now >= run.expires_at.to_system_time() {
+                        // DECISIONS 9: an expired claim is never handed back.
+                        return Err(StoreError::ClaimExpired {
+                            env: env.id.clone(),
+                        });
+                    }
+                    return Ok(Decision::Keep(claim_of(o, &run, epoch)));
+                }
+                if now < run.expires_at.to_system_time() {
+                    return Err(StoreError::conflict(
+                        &env.id,
+                        "environment has an active run",
+                    ));
+                }
+                if status.active_operation.is_some() {
+                    return Err(StoreError::fence(
+                        &env.id,
+                        "expired run still has an active operation",
+                    ));
+                }
+            } else if status.active_run.is_some() {
+                // DECISIONS 8: a malformed stored claim fails closed.
+                return Err(StoreError::conflict(
+                    &env.id,
+                    "stored run claim is malformed",
+                ));
+            }
+            if status.active_operation.is_some() {
+                return Err(StoreError::conflict(&env.id, "an operation is in flight"));
+            }
+            let epoch = status.epoch.unwrap_or(0);
+            let generation = status.grant_generation.unwrap_or(0);
+            if epoch < 1 || epoch >= i64::MAX as u64 || generation < 1 {
+                return Err(StoreError::conflict(
+                    &env.id,
+                    "epoch or generation is malformed",
+                ));
+            }
+            let run = ActiveRun {
+                binding_id: req.binding_id.clone(),
+                run_id: req.run_id.clone(),
+                claim_id: fresh_claim_id.clone(),
+                operation_id: req.operation_id.clone(),
+                owner_hash: req.caller.owner_hash.clone(),
+                client_hash: client_hash(&req.caller.client),
+                epoch: epoch + 1,
+                grant_generation: generation,
+                expires_at: RfcTime::from_system_time(now + req.ttl),
+            };
+            let status = o.status.get_or_insert_with(Default::default);
+            status.epoch = Some(epoch + 1);
+            status.active_run = Some(run.clone());
+            Ok(Decision::Write(claim_of(o, &run, epoch + 1)))
+        })
+        .await
+    }
+
+    /// Extends (or shortens) the caller's current claim; replays by operation id return the
+    /// recorded expiry without extending again.
+    pub async fn renew_run(
+        &self,
+        caller: &Caller,
+        rc: &ClaimContext,
+        operation_id: &str,
+        ttl: Duration,
+    ) -> Result<RunClaim, StoreError> {
+        check_ttl(ttl)?;
+        let env = &rc.env;
+        let now = self.now();
+        let fp = fingerprint(&[
+            &env.id,
+            &env.revision,
+            &caller.client,
+            &caller.owner_hash,
+            &rc.binding_id,
+            &rc.run_id,
+            &rc.claim_id,
+            &rc.epoch.to_string(),
+            &rc.grant_generation.to_string(),
+            &ttl.as_millis().to_string(),
+        ]);
+        cas::update_status(&self.api, &env.id, |o| {
+            claim_gates(o, env, caller, self)?;
+            let (run, epoch) = valid_claim(o)
+                .filter(|(run, epoch)| claim_matches(o, run, *epoch, rc))
+                .ok_or_else(|| StoreError::conflict(&env.id, "run claim mismatch"))?;
+            let status = o.status.get_or_insert_with(Default::default);
+            if let Some(receipt) = status
+                .renew_receipts
+                .iter()
+                .find(|r| r.operation_id == operation_id)
+            {
+                if receipt.fingerprint != fp {
+                    return Err(StoreError::conflict(&env.id, "renewal operation conflicts"));
+                }
+                if receipt.expires_at.to_system_time() <= now {
+                    return Err(StoreError::conflict(&env.id, "renewal receipt expired"));
+                }
+                let mut replay = run.clone();
+                replay.expires_at = receipt.expires_at;
+                return Ok(Decision::Keep(claim_of(o, &replay, epoch)));
+            }
+            if now >= run.expires_at.to_system_time() {
+                return Err(StoreError::conflict(&env.id, "run claim expired"));
+            }
+            let expires_at = RfcTime::from_system_time(now + ttl);
+            let mut renewed = run;
+            renewed.expires_at = expires_at;
+            status.active_run = Some(renewed.clone());
+            status.renew_receipts.push(RenewReceipt {
+                operation_id: operation_id.to_owned(),
+                fingerprint: fp.clone(),
+                expires_at,
+            });
+            let excess = status
+                .renew_receipts
+                .len()
+                .saturating_sub(MAX_RENEW_RECEIPTS);
+            status.renew_receipts.drain(..excess);
+            Ok(Decision::Write(claim_of(o, &renewed, epoch)))
+        })
+        .await
+    }
+
+    /// Gives the claim back. Releasing when no valid claim exists succeeds.
+    pub async fn release_run(&self, caller: &Caller, rc: &ClaimContext) -> Result<(), StoreError> {
+        let env = &rc.env;
+        cas::update_status(&self.api, &env.id, |o| {
+            if !creator_matches(o, caller) || o.spec.revision != env.revision {
+                return Err(StoreError::not_found(
+                    &env.id,
+                    "creator, owner or revision differs",
+                ));
+            }
+            if !schema_current(o) {
+                return Err(StoreError::not_ready(&env.id, "incompatible schema"));
+            }
+            let Some((run, epoch)) = valid_claim(o) else {
+                return Ok(Decision::Keep(()));
+            };
+            let status = o.status.get_or_insert_with(Default::default);
+            if status.lifecycle_operation.is_some() {
+                return Err(StoreError::not_ready(
+                    &env.id,
+                    "lifecycle operation in progress",
+                ));
+            }
+            let generation = status.grant_generation;
+            if !(claim_matches_parts(&run, epoch, generation, rc)) {
+                return Err(StoreError::conflict(&env.id, "run claim mismatch"));
+            }
+            if status.active_operation.is_some() {
+                return Err(StoreError::fence(&env.id, "run has an active operation"));
+            }
+            status.active_run = None;
+            Ok(Decision::Write(()))
+        })
+        .await
+    }
+
+    /// The read-only gate before any dispatch: the presented tuple must be the current claim
+    /// on a ready, healthy environment through a published binding.
+    pub async fn validate_run_claim(
+        &self,
+        caller: &Caller,
+        rc: &ClaimContext,
+    ) -> Result<ExecutionEnvironment, StoreError> {
+        let env = &rc.env;
+        if !in_token_range(rc.epoch) || !in_token_range(rc.grant_generation) {
+            return Err(StoreError::InvalidArgument(
+                "epoch or generation out of range",
+            ));
+        }
+        let o = match cas::get(&self.api, &env.id).await {
+            Ok(Some(o)) => o,
+            _ => return Err(StoreError::not_found(&env.id, "environment unavailable")),
+        };
+        if !creator_matches(&o, caller) {
+            return Err(StoreError::not_found(&env.id, "creator or owner differs"));
+        }
+        if !schema_current(&o) {
+            return Err(StoreError::not_ready(&env.id, "incompatible schema"));
+        }
+        if !template_retained(&o, &self.templates) {
+            return Err(StoreError::not_ready(&env.id, "template revoked"));
+        }
+        if !claim_current(&o, rc, self.now()) {
+            return Err(StoreError::conflict(&env.id, "run claim is not current"));
+        }
+        if !published(&o, &rc.binding_id) || !active(&o) || !ready(&o) || !healthy(&o) {
+            return Err(StoreError::not_ready(&env.id, "environment is not serving"));
+        }
+        Ok(o)
+    }
+}
+
+/// Epochs and generations on the wire are 1..2^63-1.
+pub fn in_token_range(value: u64) -> bool {
+    (1..=i64::MAX as u64).contains(&value)
+}
+
+fn claim_matches(o: &ExecutionEnvironment, run: &ActiveRun, epoch: u64, rc: &ClaimContext) -> bool {
+    env_ref(o) == rc.env
+        && claim_matches_parts(
+            run,
+            epoch,
+            o.status.as_ref().and_then(|s| s.grant_generation),
+            rc,
+        )
+}
+
+fn claim_matches_parts(
+    run: &ActiveRun,
+    epoch: u64,
+    status_generation: Option<u64>,
+    rc: &ClaimContext,
+) -> bool {
+    run.binding_id == rc.binding_id
+        && run.run_id == rc.run_id
+        && run.claim_id == rc.claim_id
+        && epoch == rc.epoch
+        && run.grant_generation == rc.grant_generation
+        && status_generation == Some(rc.grant_generation)
+}
+
+fn claim_of(o: &ExecutionEnvironment, run: &ActiveRun, epoch: u64) -> RunClaim {
+    RunClaim {
+        env: env_ref(o),
+        binding_id: run.binding_id.clone(),
+        run_id: run.run_id.clone(),
+        claim_id: run.claim_id.clone(),
+        epoch,
+        grant_generation: run.grant_generation,
+        expires_at: run.expires_at.to_system_time(),
+    }
+}

@@ -1,0 +1,159 @@
+//! The store's error enum: what failed, on which environment, and the stable wire code.
+
+use crate::errors::{ErrorCode, WireError};
+
+/// A refusal or failure of a store operation.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The request is malformed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    /// No such environment for this creator and owner (indistinguishable from absent).
+    #[error("environment {env} not found: {reason}")]
+    NotFound {
+        /// The environment name.
+        env: String,
+        /// Why (never sent to the client).
+        reason: &'static str,
+    },
+    /// The binding already belongs to another template.
+    #[error("environment {env} already exists: {reason}")]
+    AlreadyExists {
+        /// The environment name.
+        env: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The state does not allow this now, or another writer won.
+    #[error("environment {env} conflict: {reason}")]
+    Conflict {
+        /// The environment name.
+        env: String,
+        /// Why.
+        reason: &'static str,
+        /// Whether retrying the same request may succeed.
+        retryable: bool,
+    },
+    /// The environment cannot serve this yet (not ready, fenced, transitioning).
+    #[error("environment {env} not ready: {reason}")]
+    NotReady {
+        /// The environment name.
+        env: String,
+        /// Why.
+        reason: &'static str,
+        /// Whether retrying may succeed.
+        retryable: bool,
+    },
+    /// An operation's outcome is unknown; the environment is fenced.
+    #[error("environment {env} fenced: {reason}")]
+    FenceUnknown {
+        /// The environment name.
+        env: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A replayed acquisition names a claim that has already expired (DECISIONS 9).
+    #[error("environment {env}: replayed run claim has expired")]
+    ClaimExpired {
+        /// The environment name.
+        env: String,
+    },
+    /// A bound was exceeded.
+    #[error("environment {env}: {reason}")]
+    ResourceExhausted {
+        /// The environment name.
+        env: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The executor answered with a typed (controlled) error.
+    #[error("environment {env}: executor refused the operation ({code:?})")]
+    Executor {
+        /// The environment name.
+        env: String,
+        /// The executor's code.
+        code: ErrorCode,
+    },
+    /// The Kubernetes API failed.
+    #[error("environment {env}: kubernetes API failed: {source}")]
+    Kube {
+        /// The environment name.
+        env: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl StoreError {
+    /// The stable wire code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Self::NotFound { .. } => ErrorCode::NotFound,
+            Self::AlreadyExists { .. } => ErrorCode::AlreadyExists,
+            Self::Conflict { .. } => ErrorCode::Conflict,
+            Self::NotReady { .. } => ErrorCode::NotReady,
+            Self::FenceUnknown { .. } => ErrorCode::FenceUnknown,
+            Self::ClaimExpired { .. } => ErrorCode::ClaimExpired,
+            Self::ResourceExhausted { .. } => ErrorCode::ResourceExhausted,
+            Self::Executor { code, .. } => *code,
+            Self::Kube { .. } => ErrorCode::Internal,
+        }
+    }
+
+    /// The refusal as it goes on the wire.
+    pub fn wire(&self) -> WireError {
+        let retryable = match self {
+            Self::Conflict { retryable, .. } | Self::NotReady { retryable, .. } => *retryable,
+            _ => false,
+        };
+        WireError {
+            code: self.code(),
+            retryable,
+        }
+    }
+
+    pub(crate) fn not_found(env: &str, reason: &'static str) -> Self {
+        Self::NotFound {
+            env: env.to_owned(),
+            reason,
+        }
+    }
+
+    pub(crate) fn conflict(env: &str, reason: &'static str) -> Self {
+        Self::Conflict {
+            env: env.to_owned(),
+            reason,
+            retryable: false,
+        }
+    }
+
+    pub(crate) fn not_ready(env: &str, reason: &'static str) -> Self {
+        Self::NotReady {
+            env: env.to_owned(),
+            reason,
+            retryable: false,
+        }
+    }
+
+    pub(crate) fn fence(env: &str, reason: &'static str) -> Self {
+        Self::FenceUnknown {
+            env: env.to_owned(),
+            reason,
+        }
+    }
+
+    pub(crate) fn kube(env: &str, source: kube::Error) -> Self {
+        Self::Kube {
+            env: env.to_owned(),
+            source,
+        }
+    }
+}
+
+impl From<StoreError> for tonic::Status {
+    fn from(e: StoreError) -> Self {
+        e.wire().into_status()
+    }
+}

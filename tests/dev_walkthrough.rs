@@ -1,0 +1,198 @@
+//! The walking skeleton end to end: `dev` in-process on an ephemeral port, a client over real
+//! mTLS ensures an environment, waits until it is ready, takes a run claim, runs a shell
+//! command and reads the file it wrote. Refusals over real TLS for clients that are not
+//! admitted.
+
+mod common;
+
+use common::*;
+use execution_provider::api::pb;
+use execution_provider::errors::error_detail;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_ensures_claims_runs_a_command_and_reads_the_file_it_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+
+    let allocation = ensure_ready(&mut client, "walkthrough").await;
+    let env = allocation.environment.clone().unwrap();
+    assert!(
+        env.id.starts_with("exec-") && env.id.len() == 45,
+        "{}",
+        env.id
+    );
+    assert_eq!(env.revision.len(), 32);
+
+    let claim = acquire(&mut client, "walkthrough", &env).await;
+    assert_eq!(
+        claim.epoch,
+        allocation.epoch + 1,
+        "a new claim bumps the epoch"
+    );
+    let started = client
+        .start_command(pb::CommandStartRequest {
+            context: Some(context("walkthrough", &claim)),
+            command: "printf 'hello from the sandbox\\n' > greeting.txt && echo done".into(),
+            timeout_millis: 10_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let result = started.result.unwrap();
+    assert_eq!(result.state, pb::CommandState::Succeeded as i32);
+    assert_eq!(result.stdout, b"done\n");
+    assert_eq!(
+        result.terminal_receipt.len(),
+        64,
+        "a finished command carries its receipt"
+    );
+
+    let file = client
+        .files(pb::FileRequest {
+            context: Some(context("walkthrough", &claim)),
+            operation: pb::FileOperation::Read as i32,
+            path: "greeting.txt".into(),
+            ..pb::FileRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(file.data, b"hello from the sandbox\n");
+    assert_eq!(file.version.len(), 64);
+
+    client
+        .release_run(pb::ReleaseRunRequest {
+            environment: Some(env.clone()),
+            owner: Some(owner()),
+            binding_id: "walkthrough".into(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            epoch: claim.epoch,
+            operation_id: "release-1".into(),
+            grant_generation: claim.grant_generation,
+        })
+        .await
+        .unwrap();
+    let stale = client
+        .files(pb::FileRequest {
+            context: Some(context("walkthrough", &claim)),
+            operation: pb::FileOperation::Read as i32,
+            path: "greeting.txt".into(),
+            ..pb::FileRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        stale.code(),
+        tonic::Code::Aborted,
+        "a released claim no longer dispatches"
+    );
+    assert_eq!(error_detail(&stale).unwrap().code, "conflict");
+    dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_claim_is_refused_while_the_first_is_live() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "exclusive")
+        .await
+        .environment
+        .unwrap();
+    let first = acquire(&mut client, "exclusive", &env).await;
+    let replay = acquire(&mut client, "exclusive", &env).await;
+    assert_eq!(
+        replay.claim_id, first.claim_id,
+        "the same operation id replays the claim"
+    );
+    let second = client
+        .acquire_run(pb::AcquireRunRequest {
+            environment: Some(env),
+            owner: Some(owner()),
+            binding_id: "exclusive".into(),
+            run_id: "run-2".into(),
+            operation_id: "acquire-2".into(),
+            ttl_millis: 60_000,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(second.code(), tonic::Code::Aborted);
+    assert_eq!(second.message(), "execution provider request failed");
+    dev.stop().await.unwrap();
+}
+
+async fn assert_refused(client: &mut Client) -> tonic::Status {
+    client
+        .list_execution_templates(pb::ListExecutionTemplatesRequest {})
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_are_not_admitted_are_refused_over_real_tls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+
+    let mut anonymous = connect(dev.addr, tmp.path(), None).await;
+    let status = assert_refused(&mut anonymous).await;
+    assert_ne!(
+        status.code(),
+        tonic::Code::Ok,
+        "a client without a certificate gets nothing"
+    );
+
+    let foreign = identity_from_foreign_ca("spiffe://dev.local/ns/default/client");
+    let mut foreign = connect(dev.addr, tmp.path(), Some(&foreign)).await;
+    let status = assert_refused(&mut foreign).await;
+    assert_eq!(
+        status.code(),
+        tonic::Code::Unauthenticated,
+        "another CA: {status:?}"
+    );
+    assert_eq!(error_detail(&status).unwrap().code, "unauthenticated");
+
+    let stranger = identity_from_dev_ca(tmp.path(), "spiffe://dev.local/ns/default/stranger");
+    let mut stranger = connect(dev.addr, tmp.path(), Some(&stranger)).await;
+    let status = assert_refused(&mut stranger).await;
+    assert_eq!(
+        status.code(),
+        tonic::Code::Unauthenticated,
+        "unknown identity: {status:?}"
+    );
+
+    // The dev client itself is admitted on the same server.
+    let mut admitted = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    admitted
+        .list_execution_templates(pb::ListExecutionTemplatesRequest {})
+        .await
+        .unwrap();
+    dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpcs_of_later_parts_answer_unimplemented_with_a_detail_after_authentication() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let status = client
+        .revoke_environment(pb::RevokeEnvironmentRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+    assert_eq!(error_detail(&status).unwrap().code, "unimplemented");
+
+    let stranger = identity_from_dev_ca(tmp.path(), "spiffe://dev.local/ns/default/stranger");
+    let mut stranger = connect(dev.addr, tmp.path(), Some(&stranger)).await;
+    let status = stranger
+        .revoke_environment(pb::RevokeEnvironmentRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status.code(),
+        tonic::Code::Unauthenticated,
+        "authentication comes first"
+    );
+    dev.stop().await.unwrap();
+}
