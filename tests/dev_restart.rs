@@ -34,6 +34,8 @@ async fn spawn_dev(state_dir: &Path) -> (Child, std::net::SocketAddr) {
         .split_whitespace()
         .find_map(|word| word.parse().ok())
         .unwrap_or_else(|| panic!("no address in {first:?}"));
+    // Keep reading so the provider never writes into a closed pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, addr)
 }
 

@@ -185,13 +185,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         trigger,
         mut task,
     } = start(&args).await?;
-    let state = state.root().display().to_string();
-    println!("execution-provider dev is listening on {addr} (mTLS)");
-    println!("state directory: {state}");
-    println!("try:");
-    println!(
-        "  cargo run --release -- client --state-dir {state} --address {addr} exec --binding demo -- 'echo hello > hello.txt && cat hello.txt'"
-    );
+    print_banner(addr, &state.root().display().to_string());
     tokio::select! {
         result = &mut task => result?,
         _ = tokio::signal::ctrl_c() => {
@@ -200,4 +194,19 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             task.await?
         }
     }
+}
+
+/// Tells the user where the provider listens. Standard output may be closed (a supervisor or
+/// test that read the first line); that must not stop the provider.
+fn print_banner(addr: SocketAddr, state: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "execution-provider dev is listening on {addr} (mTLS)");
+    let _ = writeln!(out, "state directory: {state}");
+    let _ = writeln!(out, "try:");
+    let _ = writeln!(
+        out,
+        "  cargo run --release -- client --state-dir {state} --address {addr} exec --binding demo -- 'echo hello > hello.txt && cat hello.txt'"
+    );
+    let _ = out.flush();
 }

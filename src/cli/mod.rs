@@ -25,6 +25,12 @@ pub enum Command {
     Dev(dev::DevArgs),
     /// Talks to a provider.
     Client(Box<client::ClientArgs>),
+    /// Prints the ExecutionEnvironment CRD (the chart's copy must equal it).
+    Crd {
+        /// Write to this file instead of standard output.
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
+    },
 }
 
 /// Runs the command line and returns the process exit code.
@@ -32,12 +38,30 @@ pub async fn main(cli: Cli) -> i32 {
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|()| 0),
         Command::Client(args) => client::run(*args).await,
+        Command::Crd { output } => write_crd(output.as_deref()).map(|()| 0),
     };
     match result {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {}", describe(&error));
             1
+        }
+    }
+}
+
+/// The chart's copy of the CRD, relative to the repository root.
+pub const CHART_CRD_PATH: &str = "charts/execution-provider/crds/executionenvironment.yaml";
+
+fn write_crd(output: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let yaml = crate::kube::crd::crd_yaml();
+    match output {
+        Some(path) => {
+            std::fs::write(path, yaml).with_context(|| format!("cannot write {}", path.display()))
+        }
+        None => {
+            print!("{yaml}");
+            Ok(())
         }
     }
 }
