@@ -1,0 +1,88 @@
+//! The data plane: file operations and foreground commands under a current run claim.
+
+use tonic::{Request, Response, Status};
+
+use super::ProviderService;
+use super::auth::*;
+use crate::api::pb;
+use crate::errors::ErrorCode;
+use crate::executor::protocol::ExecutorRequest;
+use crate::server::{convert, file_rules};
+
+impl ProviderService {
+    pub(super) async fn handle_files(
+        &self,
+        request: Request<pb::FileRequest>,
+    ) -> Result<Response<pb::FileResponse>, Status> {
+        let r = request.get_ref();
+        let operation = convert::file_operation(r.operation);
+        let client = self.client(&request)?;
+        let operation = operation.ok_or_else(|| refuse(ErrorCode::InvalidArgument))?;
+        file_rules::check(&operation, r).map_err(|_| refuse(ErrorCode::InvalidArgument))?;
+        let (caller, rc) = claim_context(&client, r.context.as_ref())?;
+        self.store.validate_run_claim(&caller, &rc).await?;
+        let response = self
+            .store
+            .execute(&caller, &rc, convert::file_request(operation, r))
+            .await?;
+        Ok(Response::new(convert::file_response(&response)))
+    }
+
+    pub(super) async fn handle_start_command(
+        &self,
+        request: Request<pb::CommandStartRequest>,
+    ) -> Result<Response<pb::CommandStartResponse>, Status> {
+        let client = self.client(&request)?;
+        let r = request.get_ref();
+        let max = crate::executor::protocol::MAX_COMMAND_BYTES;
+        if r.command.is_empty() || r.command.len() > max || r.timeout_millis < 0 {
+            return Err(refuse(ErrorCode::InvalidArgument));
+        }
+        let (caller, rc) = claim_context(&client, r.context.as_ref())?;
+        self.store.validate_run_claim(&caller, &rc).await?;
+        let command_id = self.store.new_command_id();
+        let mut helper_request = ExecutorRequest::command(command_id.clone(), r.command.clone());
+        helper_request.timeout_ms = r.timeout_millis;
+        let response = self.store.execute(&caller, &rc, helper_request).await?;
+        let result = response
+            .command
+            .as_ref()
+            .ok_or_else(|| refuse(ErrorCode::FenceUnknown))?;
+        let status = convert::command_status(result);
+        Ok(Response::new(pb::CommandStartResponse {
+            command_id,
+            state: status.state,
+            result: Some(status),
+        }))
+    }
+
+    pub(super) async fn handle_command_status(
+        &self,
+        request: Request<pb::CommandQueryRequest>,
+    ) -> Result<Response<pb::CommandStatusResponse>, Status> {
+        self.handle_detached_control(request).await
+    }
+
+    pub(super) async fn handle_cancel_command(
+        &self,
+        request: Request<pb::CommandQueryRequest>,
+    ) -> Result<Response<pb::CommandStatusResponse>, Status> {
+        self.handle_detached_control(request).await
+    }
+
+    /// CommandStatus / CancelCommand: the data-plane chain first, then UNIMPLEMENTED
+    /// (DECISIONS 5): commands are foreground only.
+    async fn handle_detached_control(
+        &self,
+        request: Request<pb::CommandQueryRequest>,
+    ) -> Result<Response<pb::CommandStatusResponse>, Status> {
+        let client = self.client(&request)?;
+        let r = request.get_ref();
+        let (caller, rc) = claim_context(&client, r.context.as_ref())?;
+        self.store.validate_run_claim(&caller, &rc).await?;
+        if r.command_id.is_empty() || r.offset < 0 {
+            return Err(refuse(ErrorCode::InvalidArgument));
+        }
+        Err(refuse(ErrorCode::Unimplemented))
+    }
+}

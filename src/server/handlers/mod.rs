@@ -1,0 +1,101 @@
+//! The gRPC handlers: authenticate, authorize, validate, call the store, map errors. Thin by
+//! design; every decision about state lives in the store.
+//!
+//! The service trait is implemented here once, delegating each RPC to a `handle_*` method in
+//! the file of its group: [`catalog`], [`allocation`], [`claims`], [`references`], [`admin`]
+//! and [`data_plane`]; [`auth`] holds the authentication and shape checks they share.
+
+mod admin;
+mod allocation;
+mod auth;
+mod catalog;
+mod claims;
+mod data_plane;
+mod references;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tonic::{Request, Response, Status};
+
+use crate::api::pb;
+use crate::api::pb::execution_provider_service_server::ExecutionProviderService;
+use crate::errors::ErrorCode;
+use crate::security::Security;
+use crate::store::Store;
+
+/// Capabilities every template offers.
+pub const CAPABILITIES: [&str; 2] = ["filesystem", "foreground-command"];
+
+/// The service: the store and the security state.
+#[derive(Clone)]
+pub struct ProviderService {
+    store: Store,
+    security: Security,
+}
+
+impl ProviderService {
+    /// A service over `store`, authorizing against `security`.
+    pub fn new(store: Store, security: Security) -> Self {
+        Self { store, security }
+    }
+
+    /// Authenticates, then answers UNIMPLEMENTED with an ErrorDetail: the RPC's logic belongs
+    /// to a later part of the provider.
+    async fn not_yet<T, U>(&self, request: Request<T>) -> Result<Response<U>, Status> {
+        self.client(&request)?;
+        Err(auth::refuse(ErrorCode::Unimplemented))
+    }
+}
+
+type RpcFuture<'a, T> = Pin<Box<dyn Future<Output = Result<Response<T>, Status>> + Send + 'a>>;
+
+/// Implements each trait method by handing the request to its `handle_*` method.
+macro_rules! delegate {
+    ($($method:ident => $handler:ident($req:ty) -> $resp:ty;)*) => {
+        $(
+            fn $method<'life0, 'async_trait>(
+                &'life0 self,
+                request: Request<$req>,
+            ) -> RpcFuture<'async_trait, $resp>
+            where
+                'life0: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin(self.$handler(request))
+            }
+        )*
+    };
+}
+
+impl ExecutionProviderService for ProviderService {
+    delegate! {
+        validate_profile => handle_validate_profile(pb::ValidateProfileRequest) -> pb::ValidateProfileResponse;
+        list_execution_templates => handle_list_execution_templates(pb::ListExecutionTemplatesRequest) -> pb::ListExecutionTemplatesResponse;
+        validate_template => handle_validate_template(pb::ValidateTemplateRequest) -> pb::ValidateTemplateResponse;
+        ensure_environment => handle_ensure_environment(pb::EnsureEnvironmentRequest) -> pb::EnsureEnvironmentResponse;
+        ensure_template => handle_ensure_template(pb::EnsureTemplateRequest) -> pb::EnsureEnvironmentResponse;
+        attach_environment => handle_attach_environment(pb::AttachEnvironmentRequest) -> pb::AttachEnvironmentResponse;
+        acquire_run => handle_acquire_run(pb::AcquireRunRequest) -> pb::RunClaimResponse;
+        renew_run => handle_renew_run(pb::RenewRunRequest) -> pb::RunClaimResponse;
+        release_run => handle_release_run(pb::ReleaseRunRequest) -> ();
+        commit_reference => handle_commit_reference(pb::ReferenceMutationRequest) -> ();
+        abort_reference => handle_abort_reference(pb::ReferenceMutationRequest) -> ();
+        prepare_reference_delete => handle_prepare_reference_delete(pb::ReferenceMutationRequest) -> ();
+        confirm_reference_delete => handle_confirm_reference_delete(pb::ReferenceMutationRequest) -> ();
+        cancel_reference_delete => handle_cancel_reference_delete(pb::ReferenceMutationRequest) -> ();
+        reserve_successor => handle_reserve_successor(pb::ReserveSuccessorRequest) -> pb::ReferenceReservationResponse;
+        list_reference_intents => handle_list_reference_intents(pb::ListReferenceIntentsRequest) -> pb::ListReferenceIntentsResponse;
+        release_reference => handle_release_reference(pb::ReleaseReferenceRequest) -> ();
+        retire_environment => handle_retire_environment(pb::RetireEnvironmentRequest) -> ();
+        replace_executor => handle_replace_executor(pb::ReplaceExecutorRequest) -> ();
+        recover_environment => handle_recover_environment(pb::RecoverEnvironmentRequest) -> ();
+        delete_retired_environment => handle_delete_retired_environment(pb::DeleteRetiredEnvironmentRequest) -> ();
+        revoke_environment => handle_revoke_environment(pb::RevokeEnvironmentRequest) -> pb::RevokeEnvironmentResponse;
+        migrate_environment => handle_migrate_environment(pb::MigrateEnvironmentRequest) -> ();
+        files => handle_files(pb::FileRequest) -> pb::FileResponse;
+        start_command => handle_start_command(pb::CommandStartRequest) -> pb::CommandStartResponse;
+        command_status => handle_command_status(pb::CommandQueryRequest) -> pb::CommandStatusResponse;
+        cancel_command => handle_cancel_command(pb::CommandQueryRequest) -> pb::CommandStatusResponse;
+    }
+}
