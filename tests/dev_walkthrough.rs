@@ -196,3 +196,48 @@ async fn rpcs_of_later_parts_answer_unimplemented_with_a_detail_after_authentica
     );
     dev.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_tools_find_the_health_service_and_reflection() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let channel = channel(dev.addr, tmp.path(), Some(&dev_identity(tmp.path())));
+
+    let health = HealthClient::new(channel.clone())
+        .check(HealthCheckRequest {
+            service: execution_provider::api::SERVICE_NAME.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(health.status, ServingStatus::Serving as i32);
+
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().expect("one answer");
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("unexpected reflection answer");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n == execution_provider::api::SERVICE_NAME),
+        "{names:?}"
+    );
+    dev.stop().await.unwrap();
+}

@@ -78,8 +78,8 @@ pub fn identity_from_foreign_ca(uri: &str) -> Identity {
     Identity::from_pem(leaf.cert.as_bytes(), leaf.key.as_bytes(), "foreign client").unwrap()
 }
 
-/// An mTLS client presenting `identity` (or no certificate).
-pub async fn connect(addr: SocketAddr, state_dir: &Path, identity: Option<&Identity>) -> Client {
+/// An mTLS channel presenting `identity` (or no certificate).
+pub fn channel(addr: SocketAddr, state_dir: &Path, identity: Option<&Identity>) -> Channel {
     let cas = tls::certificates_from_pem(&server_ca(state_dir), "ca").unwrap();
     let config = tls::client_config(identity, &cas, Arc::new(SystemClock)).unwrap();
     let connector = MtlsConnector::new(
@@ -87,10 +87,14 @@ pub async fn connect(addr: SocketAddr, state_dir: &Path, identity: Option<&Ident
         config,
         Some(ServerName::try_from("localhost").unwrap()),
     );
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
+    Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
-        .connect_with_connector_lazy(connector);
-    ExecutionProviderServiceClient::new(channel)
+        .connect_with_connector_lazy(connector)
+}
+
+/// An mTLS client presenting `identity` (or no certificate).
+pub async fn connect(addr: SocketAddr, state_dir: &Path, identity: Option<&Identity>) -> Client {
+    ExecutionProviderServiceClient::new(channel(addr, state_dir, identity))
 }
 
 /// Polls `check` until it returns `Some` or `limit` passes.
