@@ -9,6 +9,7 @@ pub mod api;
 pub mod cli;
 pub mod errors;
 pub mod executor;
+pub mod health;
 pub mod helper;
 pub mod kube;
 pub mod provider;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::executor::transport::ExecutorTransport;
-use crate::reconciler::{self, ReconcilerConfig};
+use crate::reconciler::{InitError, Reconciler, ReconcilerConfig};
 use crate::runtime::Runtime;
 use crate::runtime::net::Net;
 use crate::security::Security;
@@ -66,21 +66,30 @@ impl ShutdownTrigger {
     }
 }
 
-/// Runs the gRPC server on `listener` and the reconciler until `shutdown`, then stops both.
-pub async fn run<N: Net>(
-    deps: Dependencies,
-    settings: Settings,
-    listener: N::Listener,
-    shutdown: Shutdown,
-) -> Result<(), ServeError> {
-    let store = Store::new(
-        deps.kube.clone(),
-        &settings.namespace,
-        deps.templates.clone(),
-        deps.executor.clone(),
-        deps.runtime.clone(),
-    );
-    let reconciler = tokio::spawn(reconciler::run(
+/// Why the provider stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// The reconciler's start-up checks failed (nothing was served).
+    #[error(transparent)]
+    Init(#[from] InitError),
+    /// The gRPC server failed.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+impl ProviderError {
+    /// The stable code.
+    pub fn code(&self) -> crate::errors::ErrorCode {
+        match self {
+            Self::Init(e) => e.code(),
+            Self::Serve(_) => crate::errors::ErrorCode::Internal,
+        }
+    }
+}
+
+/// The reconciler of these dependencies and settings (not started).
+pub fn reconciler(deps: &Dependencies, settings: &Settings) -> Arc<Reconciler> {
+    Reconciler::new(
         deps.kube.clone(),
         ReconcilerConfig {
             namespace: settings.namespace.clone(),
@@ -88,12 +97,45 @@ pub async fn run<N: Net>(
         },
         deps.templates.clone(),
         deps.runtime.clone(),
-        shutdown.clone().wait(),
-    ));
+    )
+}
+
+/// Runs the reconciler's start-up checks, then the gRPC server on `listener` and the
+/// reconciler until `shutdown`, then stops both.
+pub async fn run<N: Net>(
+    deps: Dependencies,
+    settings: Settings,
+    listener: N::Listener,
+    shutdown: Shutdown,
+) -> Result<(), ProviderError> {
+    let reconciler = reconciler(&deps, &settings);
+    run_with::<N>(deps, settings, reconciler, listener, shutdown).await
+}
+
+/// [`run`] with a reconciler the caller also watches (for the health endpoints). Nothing is
+/// served when its start-up checks fail.
+pub async fn run_with<N: Net>(
+    deps: Dependencies,
+    settings: Settings,
+    reconciler: Arc<Reconciler>,
+    listener: N::Listener,
+    shutdown: Shutdown,
+) -> Result<(), ProviderError> {
+    reconciler.initialize().await?;
+    let store = Store::new(
+        deps.kube.clone(),
+        &settings.namespace,
+        deps.templates.clone(),
+        deps.executor.clone(),
+        deps.runtime.clone(),
+    );
+    let reconciling = tokio::spawn(reconciler.run(shutdown.clone().wait()));
     let service = ProviderService::new(store, deps.security.clone());
     let served = server::serve::<N>(listener, service, &deps.security, shutdown.wait()).await;
-    if let Err(error) = reconciler.await {
-        tracing::error!(%error, "reconciler task failed");
+    match reconciling.await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::error!(%error, "reconciler stopped"),
+        Err(error) => tracing::error!(%error, "reconciler task failed"),
     }
-    served
+    Ok(served?)
 }

@@ -172,7 +172,7 @@ async fn clients_that_are_not_admitted_are_refused_over_real_tls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rpcs_of_later_parts_answer_unimplemented_with_a_detail_after_authentication() {
+async fn admin_rpcs_check_their_gate_with_a_detail_after_authentication() {
     let tmp = tempfile::tempdir().unwrap();
     let dev = start_dev(tmp.path()).await;
     let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
@@ -180,8 +180,9 @@ async fn rpcs_of_later_parts_answer_unimplemented_with_a_detail_after_authentica
         .revoke_environment(pb::RevokeEnvironmentRequest::default())
         .await
         .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Unimplemented);
-    assert_eq!(error_detail(&status).unwrap().code, "unimplemented");
+    // An empty request names no owner or environment: the admin gate refuses it.
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    assert_eq!(error_detail(&status).unwrap().code, "permission_denied");
 
     let stranger = identity_from_dev_ca(tmp.path(), "spiffe://dev.local/ns/default/stranger");
     let mut stranger = connect(dev.addr, tmp.path(), Some(&stranger)).await;

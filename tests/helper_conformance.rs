@@ -1,6 +1,7 @@
 //! The executor conformance cases (`tests/conformance`) run against the real
 //! `execution-helper` through [`LocalTransport`], each on a fresh temporary workspace.
 
+#[macro_use]
 mod conformance;
 
 use std::path::PathBuf;
@@ -108,51 +109,19 @@ impl conformance::Fixture for LocalFixture {
     }
 }
 
-macro_rules! conformance_tests {
-    ($($case:ident),* $(,)?) => {
+macro_rules! local_cases {
+    ($module:ident => $($case:ident),* $(,)?) => {
         $(
             #[tokio::test]
             async fn $case() {
                 let fixture = LocalFixture::new();
-                conformance::$case(&fixture).await;
+                conformance::$module::$case(&fixture).await;
             }
         )*
     };
 }
 
-conformance_tests!(
-    create_then_read_returns_the_content_and_its_sha256_version,
-    create_over_an_existing_file_is_already_exists_and_keeps_the_content,
-    replace_with_a_wrong_version_is_version_mismatch_and_changes_nothing,
-    replace_with_the_current_version_writes_and_returns_the_new_version,
-    missing_files_are_not_found,
-    reading_a_directory_is_an_internal_error,
-    paths_climbing_out_of_the_workspace_are_permission_denied,
-    absolute_paths_outside_the_workspace_are_permission_denied,
-    absolute_paths_inside_the_workspace_are_accepted,
-    symlinks_leaving_the_workspace_are_permission_denied,
-    symlinks_inside_the_workspace_are_followed,
-    stat_reports_go_file_modes_sizes_and_times,
-    list_returns_sorted_entries_without_following_symlinks,
-    remove_deletes_a_file_or_an_empty_directory_and_refuses_a_non_empty_one,
-    rename_and_copy_never_clobber,
-    resolve_authority_returns_canonical_paths_inside_the_workspace,
-    unknown_json_fields_are_invalid_argument,
-    two_json_values_are_invalid_argument,
-    duplicate_keys_are_invalid_argument,
-    oversize_requests_are_resource_exhausted,
-    provider_only_and_unknown_operations_are_invalid_argument,
-    command_start_requires_an_id_and_a_bounded_command,
-    a_command_reports_its_stdout_stderr_and_exit_code,
-    a_command_runs_in_the_workspace_with_exactly_the_fixed_environment,
-    a_command_that_exceeds_its_timeout_is_cancelled_and_its_process_group_is_gone,
-    a_detached_writer_is_killed_before_the_receipt,
-    output_beyond_the_cap_is_cut_and_flagged_truncated,
-    reading_a_file_over_the_limit_is_resource_exhausted,
-    the_receipt_is_sha256_of_the_id_nul_stdout_nul_stderr,
-    closing_stdin_cancels_a_running_command,
-    glob_and_grep_are_not_supported_yet,
-);
+every_conformance_case!(local_cases);
 
 #[test]
 fn the_helper_is_found_beside_the_test_binary() {

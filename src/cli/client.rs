@@ -64,6 +64,9 @@ pub struct ClaimArgs {
     /// Grant generation of an existing claim.
     #[arg(long)]
     pub generation: Option<u64>,
+    /// The signed grant of an existing claim (as `run acquire --json` prints it).
+    #[arg(long)]
+    pub grant: Option<String>,
 }
 
 impl ClaimArgs {
@@ -73,6 +76,7 @@ impl ClaimArgs {
             claim_id: self.claim_id.clone()?,
             epoch: self.epoch?,
             grant_generation: self.generation?,
+            grant: self.grant.clone()?,
         })
     }
 }
@@ -107,6 +111,14 @@ pub enum ClientCommand {
     File(FileCommand),
     /// Releases the binding's published reference to the environment.
     Release(Target),
+    /// Binding-reference transactions and discovery.
+    #[command(subcommand)]
+    Refs(super::refs::RefsCommand),
+    /// Administrator lifecycle of an exact environment.
+    #[command(subcommand)]
+    Admin(super::admin::AdminCommand),
+    /// Revokes every claim and grant under the expected grant generation.
+    Revoke(super::admin::RevokeArgs),
 }
 
 /// `client run ...`.
@@ -251,6 +263,21 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<i32> {
             let session = Session::ensure(client, owner, &target, !args.json).await?;
             session.release_reference().await?;
             out.print(json!({"released": true}), "released");
+            Ok(0)
+        }
+        ClientCommand::Refs(command) => {
+            let (value, text) = super::refs::run(client, owner, command).await?;
+            out.print(value, &text);
+            Ok(0)
+        }
+        ClientCommand::Admin(command) => {
+            let (value, text) = super::admin::run(client, owner, command).await?;
+            out.print(value, &text);
+            Ok(0)
+        }
+        ClientCommand::Revoke(revoke) => {
+            let (value, text) = super::admin::revoke(client, owner, revoke).await?;
+            out.print(value, &text);
             Ok(0)
         }
     }
@@ -422,7 +449,7 @@ impl Output {
 
     fn claim(&self, c: &Claim) {
         self.print(
-            json!({"runId": c.run_id, "claimId": c.claim_id, "epoch": c.epoch, "grantGeneration": c.grant_generation}),
+            json!({"runId": c.run_id, "claimId": c.claim_id, "epoch": c.epoch, "grantGeneration": c.grant_generation, "grant": c.grant}),
             &format!(
                 "run {} claim {} epoch {} generation {}",
                 c.run_id, c.claim_id, c.epoch, c.grant_generation

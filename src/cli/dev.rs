@@ -19,7 +19,7 @@ use crate::kube::node_agent::NodeAgent;
 use crate::provider::{self, Dependencies, Settings, Shutdown, ShutdownTrigger};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
-use crate::security::{self, Security};
+use crate::security::{self, Security, SecurityManager, SecuritySettings, manager};
 use crate::templates::TemplateRegistry;
 
 /// The namespace `dev` keeps its environments in.
@@ -56,6 +56,12 @@ pub struct DevProvider {
     pub addr: SocketAddr,
     /// The state directory.
     pub state: StateDir,
+    /// The live security state.
+    pub security: Security,
+    /// Its manager (tests trigger reloads through it instead of waiting for the interval).
+    pub security_manager: SecurityManager,
+    /// A client of the embedded API server.
+    pub kube: kube::Client,
     trigger: ShutdownTrigger,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -75,8 +81,13 @@ impl DevProvider {
 
 /// Starts the `dev` provider and returns once it listens.
 pub async fn start(args: &DevArgs) -> anyhow::Result<DevProvider> {
+    start_with_runtime(args, Runtime::system()).await
+}
+
+/// Starts the `dev` provider reading time and randomness through `runtime` (tests inject a
+/// clock that they can move, to judge certificates and grants at chosen instants).
+pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Result<DevProvider> {
     use anyhow::Context as _;
-    let runtime = Runtime::system();
     let state = StateDir::open_or_init(&args.state_dir)?;
     let api = ApiServer::open(
         &state.apiserver_dir(),
@@ -87,7 +98,23 @@ pub async fn start(args: &DevArgs) -> anyhow::Result<DevProvider> {
     let templates = Arc::new(TemplateRegistry::load(state.templates_path())?);
     seed_cluster(&kube, &templates).await?;
     let loaded = security::load_directory(&state.manifest_path(), &state.security_dir())?;
-    let security = Security::new(&loaded, runtime.clock.clone())?;
+    let security = Security::new(&loaded, runtime.clock.clone())?.with_ids(runtime.ids.clone());
+    let security_manager = SecurityManager::new(
+        security.clone(),
+        kube.clone(),
+        SecuritySettings {
+            manifest_path: state.manifest_path(),
+            tls_dir: state.security_dir(),
+            namespace: DEV_NAMESPACE.to_owned(),
+            configmap: manager::DEFAULT_AUTHORITY_CONFIGMAP.to_owned(),
+            reload_interval: manager::DEFAULT_RELOAD_INTERVAL,
+            staleness: manager::DEFAULT_STALENESS,
+        },
+    );
+    security_manager
+        .reload()
+        .await
+        .context("the security directory is not authoritative")?;
     let helper = match &args.helper {
         Some(path) => path.clone(),
         None => LocalTransport::helper_beside_current_exe()
@@ -107,12 +134,14 @@ pub async fn start(args: &DevArgs) -> anyhow::Result<DevProvider> {
         runtime.clock.clone(),
     );
     tokio::spawn(agent.run(shutdown.clone().wait()));
+    tokio::spawn(security_manager.clone().run(shutdown.clone().wait()));
+    let deps_kube = kube.clone();
     let deps = Dependencies {
         runtime,
         kube,
         executor,
         templates,
-        security,
+        security: security.clone(),
     };
     let settings = Settings {
         namespace: DEV_NAMESPACE.to_owned(),
@@ -125,6 +154,9 @@ pub async fn start(args: &DevArgs) -> anyhow::Result<DevProvider> {
     Ok(DevProvider {
         addr,
         state,
+        security,
+        security_manager,
+        kube: deps_kube,
         trigger,
         task,
     })
@@ -184,6 +216,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         state,
         trigger,
         mut task,
+        ..
     } = start(&args).await?;
     print_banner(addr, &state.root().display().to_string());
     tokio::select! {

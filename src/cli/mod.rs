@@ -1,10 +1,13 @@
-//! The command line: `dev` (the embedded provider), `client` (a client for every RPC that
-//! works), and the entry point that maps errors to messages and exit codes.
+//! The command line: `serve` (production), `dev` (the embedded provider), `client` (a client
+//! for every RPC that works), and the entry point that maps errors to messages and exit codes.
 
+pub mod admin;
 pub mod client;
 pub mod connect;
 pub mod dev;
 pub mod pki;
+pub mod refs;
+pub mod serve;
 pub mod session;
 pub mod state_dir;
 
@@ -23,6 +26,8 @@ pub struct Cli {
 pub enum Command {
     /// Runs the provider on this machine with an embedded API server (no cluster needed).
     Dev(dev::DevArgs),
+    /// Runs the provider against a Kubernetes cluster (production).
+    Serve(Box<serve::ServeArgs>),
     /// Talks to a provider.
     Client(Box<client::ClientArgs>),
     /// Prints the ExecutionEnvironment CRD (the chart's copy must equal it).
@@ -37,6 +42,7 @@ pub enum Command {
 pub async fn main(cli: Cli) -> i32 {
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|()| 0),
+        Command::Serve(args) => serve::run(*args).await.map(|()| 0),
         Command::Client(args) => client::run(*args).await,
         Command::Crd { output } => write_crd(output.as_deref()).map(|()| 0),
     };

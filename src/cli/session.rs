@@ -29,6 +29,8 @@ pub struct Claim {
     pub epoch: u64,
     /// The grant generation.
     pub grant_generation: u64,
+    /// The signed grant minted with the claim (empty when there is none).
+    pub grant: String,
 }
 
 /// A future borrowed from a session.
@@ -126,7 +128,7 @@ impl Session {
             owner: Some(self.owner.clone()),
             binding_id: self.binding.clone(),
             epoch: claim.epoch,
-            grant: String::new(),
+            grant: claim.grant.clone(),
             run_id: claim.run_id.clone(),
             claim_id: claim.claim_id.clone(),
             grant_generation: claim.grant_generation,
@@ -140,6 +142,7 @@ impl Session {
             claim_id: String::new(),
             epoch: 0,
             grant_generation: 0,
+            grant: String::new(),
         });
         context.epoch = self.allocation.epoch;
         let request = pb::AttachEnvironmentRequest {
@@ -211,6 +214,7 @@ impl Session {
             claim_id: String::new(),
             epoch: 0,
             grant_generation: 0,
+            grant: String::new(),
         });
         context.epoch = self.allocation.epoch;
         let request = pb::ReleaseReferenceRequest {
@@ -333,5 +337,6 @@ fn claim_of(r: pb::RunClaimResponse) -> Claim {
         claim_id: r.claim_id,
         epoch: r.epoch,
         grant_generation: r.grant_generation,
+        grant: r.grant,
     }
 }

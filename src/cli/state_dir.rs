@@ -4,7 +4,7 @@
 //! ```text
 //! <state>/state.json              marker: {"format":"execution-provider-dev","version":1}
 //! <state>/security/manifest.json  security manifest admitting the dev client
-//! <state>/security/{server.pem,server.key,clients.pem}
+//! <state>/security/{server.pem,server.key,clients.pem,grant.key}
 //! <state>/client/{ca.pem,client.pem,client.key}   what `client` uses by default
 //! <state>/pki/{ca.pem,ca.key}     the development CA, to issue more client certificates
 //! <state>/templates.yaml          the template catalogue
@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::pki::{DEV_CA_NAME, DevCa};
+use crate::security::keys::{self, KeyState, ManifestKey};
 use crate::security::manifest::{ManifestClient, SecurityManifest, TlsFiles};
 
 /// The identity of the development client.
@@ -25,6 +26,8 @@ pub const DEV_CLIENT_URI: &str = "spiffe://dev.local/ns/default/client";
 /// The template catalogue `dev` starts with.
 pub const DEFAULT_TEMPLATES: &str = include_str!("../../fixtures/templates.yaml");
 const MARKER_FILE: &str = "state.json";
+/// The development grant signing key, in the security directory.
+const GRANT_KEY_FILE: &str = "grant.key";
 const FORMAT: &str = "execution-provider-dev";
 const VERSION: u32 = 1;
 
@@ -140,6 +143,7 @@ impl StateDir {
             security.join("server.pem"),
             security.join("server.key"),
             security.join("clients.pem"),
+            security.join(GRANT_KEY_FILE),
             client.join("ca.pem"),
             client.join("client.pem"),
             client.join("client.key"),
@@ -181,7 +185,9 @@ impl StateDir {
         write_new(&security.join("server.pem"), server.cert.as_bytes())?;
         write_new(&security.join("server.key"), server.key.as_bytes())?;
         write_new(&security.join("clients.pem"), ca.pem.cert.as_bytes())?;
-        write_new(&self.manifest_path(), &dev_manifest())?;
+        let (grant_key, grant_key_sha256) = keys::generate(&crate::runtime::OsIds);
+        write_new(&security.join(GRANT_KEY_FILE), grant_key.as_bytes())?;
+        write_new(&self.manifest_path(), &dev_manifest(grant_key_sha256))?;
         write_new(&client_dir.join("ca.pem"), ca.pem.cert.as_bytes())?;
         write_new(&client_dir.join("client.pem"), client.cert.as_bytes())?;
         write_new(&client_dir.join("client.key"), client.key.as_bytes())?;
@@ -199,7 +205,7 @@ impl StateDir {
     }
 }
 
-fn dev_manifest() -> Vec<u8> {
+fn dev_manifest(grant_key_sha256: String) -> Vec<u8> {
     let manifest = SecurityManifest {
         version: 1,
         generation: 1,
@@ -214,6 +220,20 @@ fn dev_manifest() -> Vec<u8> {
             administrator: true,
             administrator_for: Vec::new(),
             execution_templates: vec!["default".to_owned()],
+        }],
+        issuer: "execution-provider-dev".to_owned(),
+        audience: "execution-provider-dev".to_owned(),
+        active_key_id: "dev-grant".to_owned(),
+        grant_ttl: "5m".to_owned(),
+        clock_skew: "0s".to_owned(),
+        keys: vec![ManifestKey {
+            id: "dev-grant".to_owned(),
+            version: 1,
+            file: GRANT_KEY_FILE.to_owned(),
+            public_key_sha256: grant_key_sha256,
+            activate_at: "2020-01-01T00:00:00Z".parse().expect("a valid instant"),
+            verify_until: "2100-01-01T00:00:00Z".parse().expect("a valid instant"),
+            state: KeyState::Active,
         }],
     };
     serde_json::to_vec_pretty(&manifest).expect("manifest serializes")

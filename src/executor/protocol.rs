@@ -22,6 +22,19 @@ pub const MAX_PATH_BYTES: usize = 4096;
 /// Largest number of entries, paths or matches one response carries.
 pub const MAX_LIST_ENTRIES: usize = 10_000;
 
+/// The helper's default and largest output cap for one command, stdout and stderr together
+/// (5 MiB).
+pub const MAX_COMMAND_OUTPUT: usize = 5 * 1024 * 1024;
+
+/// The output cap of a `command.start` whose request carries `limit`: `limit` bytes if
+/// positive and at most [`MAX_COMMAND_OUTPUT`], else [`MAX_COMMAND_OUTPUT`].
+pub fn command_output_cap(limit: i64) -> usize {
+    match usize::try_from(limit) {
+        Ok(cap) if cap > 0 => cap.min(MAX_COMMAND_OUTPUT),
+        _ => MAX_COMMAND_OUTPUT,
+    }
+}
+
 /// The helper's ceiling for one command (30 minutes).
 pub const MAX_COMMAND_DURATION: Duration = Duration::from_secs(30 * 60);
 
@@ -277,7 +290,14 @@ pub struct ExecutorRequest {
         deserialize_with = "nullable"
     )]
     pub version: String,
-    /// Result limit; 0 means the protocol maximum.
+    /// For `file.list`, `file.glob` and `file.grep`: the result limit (0 means
+    /// [`MAX_LIST_ENTRIES`]; 0..=[`MAX_LIST_ENTRIES`] is accepted).
+    ///
+    /// For `command.start` (DECISIONS 12): the output cap in bytes, stdout and stderr together
+    /// (0 means [`MAX_COMMAND_OUTPUT`]; 0..=[`MAX_COMMAND_OUTPUT`] is accepted). The store sets
+    /// it to the template's `maxCommandBytes`; the helper cuts the output at it, sets
+    /// `truncated`, and computes the terminal receipt over exactly the kept bytes, which are the
+    /// bytes the client receives. See [`command_output_cap`].
     #[serde(
         default,
         skip_serializing_if = "is_zero_i64",

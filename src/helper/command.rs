@@ -11,11 +11,11 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
 use super::error::HelperError;
-use super::output::{Captured, OUTPUT_CAP, cap_output, capture};
+use super::output::{CAPTURE_SLACK, Captured, cap_output, capture};
 use super::reaper::{self, SWEEP_WINDOW};
 use crate::executor::protocol::{
-    CommandState, CommandStatus, ExecutorRequest, MAX_COMMAND_BYTES, command_timeout,
-    terminal_receipt,
+    CommandState, CommandStatus, ExecutorRequest, MAX_COMMAND_BYTES, command_output_cap,
+    command_timeout, terminal_receipt,
 };
 
 /// The shell every command runs under.
@@ -48,8 +48,11 @@ pub async fn start(
         .and_then(Pid::from_raw);
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
-    let stdout = tokio::spawn(capture(stdout, OUTPUT_CAP));
-    let stderr = tokio::spawn(capture(stderr, OUTPUT_CAP));
+    // A few bytes past the cap, so a character cut by the capture is not mistaken for an
+    // invalid one.
+    let capture_cap = command_output_cap(request.limit) + CAPTURE_SLACK;
+    let stdout = tokio::spawn(capture(stdout, capture_cap));
+    let stderr = tokio::spawn(capture(stderr, capture_cap));
 
     let timeout = command_timeout(request.timeout_ms);
     let (status, interrupted) = wait_or_interrupt(&mut child, group, timeout, cancelled).await;
@@ -175,7 +178,8 @@ fn finish(request: &ExecutorRequest, run: Run, proven: bool) -> CommandStatus {
         }
     };
     let overflowed = run.stdout.overflowed || run.stderr.overflowed;
-    let output = cap_output(&run.stdout.bytes, &run.stderr.bytes, OUTPUT_CAP, overflowed);
+    let cap = command_output_cap(request.limit);
+    let output = cap_output(&run.stdout.bytes, &run.stderr.bytes, cap, overflowed);
     let (state, terminal_receipt) = if proven {
         (
             state,

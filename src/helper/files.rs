@@ -1,9 +1,9 @@
 //! The confined file operations of k8s-executor §4.3.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek as _, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use cap_std::fs::{Metadata, MetadataExt as _, OpenOptions, OpenOptionsExt as _};
+use cap_std::fs::{File, Metadata, MetadataExt as _, OpenOptions, OpenOptionsExt as _};
 use sha2::Digest as _;
 
 use super::error::HelperError;
@@ -20,19 +20,51 @@ pub const MAX_READABLE_FILE: u64 = 64 * 1024 * 1024;
 const FILE_TOO_LARGE: &str = "file exceeds configured limit";
 const DIRECTORY_TOO_LARGE: &str = "directory exceeds configured limit";
 
-/// `file.read`: the whole content (at most 5 MiB) and its version.
-pub fn read(ws: &Workspace, path: &Path) -> Result<ExecutorResponse, HelperError> {
-    let meta = ws.dir().metadata(path)?;
+/// How [`open_regular`] opens a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Read only.
+    Read,
+    /// Read and write, without truncating.
+    ReadWrite,
+}
+
+/// Opens an existing regular file whose content may be read or written: the open never blocks
+/// (`O_NONBLOCK`, so a FIFO or device swapped in cannot hang the helper) and the opened handle,
+/// not the path, is checked. Anything but a regular file is internal; a file with more than one
+/// hard link is refused as outside the workspace, since another name for the same content may
+/// live outside it (writing or reading through the alias would reach it).
+pub fn open_regular(ws: &Workspace, path: &Path, access: Access) -> Result<File, HelperError> {
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .write(access == Access::ReadWrite)
+        .custom_flags(libc_flags::NONBLOCK | libc_flags::NOCTTY);
+    let file = ws.dir().open_with(path, &options)?;
+    let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(HelperError::internal("not a regular file"));
     }
-    if meta.len() > MAX_READABLE_FILE {
+    if meta.nlink() > 1 {
+        return Err(HelperError::OutsideWorkspace);
+    }
+    Ok(file)
+}
+
+/// The open flags [`open_regular`] adds, from rustix (no libc dependency).
+mod libc_flags {
+    pub const NONBLOCK: i32 = rustix::fs::OFlags::NONBLOCK.bits() as i32;
+    pub const NOCTTY: i32 = rustix::fs::OFlags::NOCTTY.bits() as i32;
+}
+
+/// `file.read`: the whole content (at most 5 MiB) and its version.
+pub fn read(ws: &Workspace, path: &Path) -> Result<ExecutorResponse, HelperError> {
+    let file = open_regular(ws, path, Access::Read)?;
+    if file.metadata()?.len() > MAX_READABLE_FILE {
         return Err(HelperError::internal("file too large to read"));
     }
     let mut data = Vec::new();
-    ws.dir()
-        .open(path)?
-        .take(MAX_FILE_BYTES as u64 + 1)
+    file.take(MAX_FILE_BYTES as u64 + 1)
         .read_to_end(&mut data)?;
     if data.len() > MAX_FILE_BYTES {
         return Err(HelperError::ResourceExhausted(FILE_TOO_LARGE));
@@ -68,27 +100,26 @@ pub fn create(ws: &Workspace, path: &Path, data: &[u8]) -> Result<ExecutorRespon
 }
 
 /// `file.replace`: compare-and-swap on the SHA-256 version, then an in-place truncating write.
+///
+/// The check and the write happen on one open handle under an exclusive `flock`, so of two
+/// helpers replacing the same file with the same expected version exactly one wins (the other
+/// sees the new content and answers `version_mismatch`). Writers that do not lock (the
+/// workload's own commands) can still race it, as the spec says.
 pub fn replace(
     ws: &Workspace,
     path: &Path,
     data: &[u8],
     expected_version: &str,
 ) -> Result<ExecutorResponse, HelperError> {
-    let meta = ws.dir().metadata(path)?;
-    if !meta.is_file() {
-        return Err(HelperError::internal("not a regular file"));
-    }
-    let current = hash_file(ws, path)?;
+    let mut file = open_regular(ws, path, Access::ReadWrite)?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| HelperError::internal(e.to_string()))?;
+    let current = hash_reader(&mut file)?;
     if expected_version.is_empty() || current != expected_version {
         return Err(HelperError::VersionMismatch);
     }
-    let mut file = ws.dir().open_with(
-        path,
-        OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .mode(FILE_MODE),
-    )?;
+    file.set_len(0)?;
+    file.seek(SeekFrom::Start(0))?;
     file.write_all(data)?;
     Ok(version_response(content_version(data)))
 }
@@ -156,13 +187,9 @@ pub fn copy(
     source: &Path,
     destination: &Path,
 ) -> Result<ExecutorResponse, HelperError> {
-    let meta = ws.dir().metadata(source)?;
-    if !meta.is_file() {
-        return Err(HelperError::internal("copy source is not a regular file"));
-    }
+    let mut input = open_regular(ws, source, Access::Read)?;
     refuse_existing(ws, destination)?;
     ws.create_parents(destination)?;
-    let mut input = ws.dir().open(source)?;
     let mut output = ws.dir().open_with(
         destination,
         OpenOptions::new()
@@ -241,8 +268,7 @@ fn refuse_existing(ws: &Workspace, path: &Path) -> Result<(), HelperError> {
     }
 }
 
-fn hash_file(ws: &Workspace, path: &Path) -> Result<String, HelperError> {
-    let mut file = ws.dir().open(path)?;
+fn hash_reader(file: &mut impl Read) -> Result<String, HelperError> {
     let mut hasher = sha2::Sha256::new();
     let mut buffer = vec![0u8; 64 * 1024];
     loop {

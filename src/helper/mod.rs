@@ -10,8 +10,10 @@
 pub mod command;
 pub mod error;
 pub mod files;
+pub mod glob;
 pub mod output;
 pub mod reaper;
+pub mod search;
 pub mod workspace;
 
 use std::ffi::OsString;
@@ -23,8 +25,8 @@ use std::process::ExitCode;
 use tokio::sync::watch;
 
 use crate::executor::protocol::{
-    ExecutorEnvelope, ExecutorRequest, ExecutorResponse, MAX_FILE_BYTES, MAX_JSON_BODY,
-    MAX_LIST_ENTRIES, MAX_PATH_BYTES, Operation, decode_strict,
+    ExecutorEnvelope, ExecutorRequest, ExecutorResponse, MAX_COMMAND_OUTPUT, MAX_FILE_BYTES,
+    MAX_JSON_BODY, MAX_LIST_ENTRIES, MAX_PATH_BYTES, Operation, decode_strict,
 };
 use error::{BOUNDS_MESSAGE, HelperError};
 use workspace::Workspace;
@@ -159,10 +161,14 @@ async fn perform(
                 ..ExecutorResponse::default()
             })
         }
-        // file.glob and file.grep belong to the full helper; until then they are refused.
-        Operation::FileGlob | Operation::FileGrep | Operation::Unknown(_) => {
-            Err(HelperError::InvalidArgument(UNSUPPORTED_MESSAGE.to_owned()))
-        }
+        Operation::FileGlob => search::glob(&ws, &request.pattern, effective_limit(request.limit)),
+        Operation::FileGrep => search::grep(
+            &ws,
+            &request.pattern,
+            &request.path,
+            effective_limit(request.limit),
+        ),
+        Operation::Unknown(_) => Err(HelperError::InvalidArgument(UNSUPPORTED_MESSAGE.to_owned())),
         _ => Err(HelperError::InvalidArgument(
             PROVIDER_ONLY_MESSAGE.to_owned(),
         )),
@@ -172,12 +178,18 @@ async fn perform(
 /// The generic request bounds: data, path lengths and the result limit.
 pub fn check_bounds(request: &ExecutorRequest) -> Result<(), HelperError> {
     let too_long = |s: &str| s.len() > MAX_PATH_BYTES;
+    // For command.start the limit is the output cap in bytes (DECISIONS 12).
+    let max_limit = if request.operation == Operation::CommandStart {
+        MAX_COMMAND_OUTPUT
+    } else {
+        MAX_LIST_ENTRIES
+    };
     if request.data.len() > MAX_FILE_BYTES
         || too_long(&request.path)
         || too_long(&request.destination)
         || too_long(&request.pattern)
         || request.limit < 0
-        || request.limit > MAX_LIST_ENTRIES as i64
+        || request.limit > max_limit as i64
     {
         return Err(HelperError::ResourceExhausted(BOUNDS_MESSAGE));
     }

@@ -3,8 +3,9 @@
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// The helper's cap on kept command output (stdout and stderr together), in bytes (5 MiB).
-pub const OUTPUT_CAP: usize = 5 * 1024 * 1024;
+/// How many bytes past the output cap each stream is captured, so that a UTF-8 character
+/// straddling the cap is repaired correctly before the cut.
+pub const CAPTURE_SLACK: usize = 4;
 
 /// What one stream produced.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

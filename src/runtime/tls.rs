@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::ArcSwapOption;
 use http::Uri;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -232,29 +232,35 @@ pub fn client_config(
     Ok(config)
 }
 
-/// A server TLS config that can be replaced while the server runs. New handshakes use the
-/// newest config; established connections keep the one they were accepted with.
+/// A server TLS config that can be replaced while the server runs, or withdrawn. New
+/// handshakes use the newest config, and fail while there is none (the replica is not
+/// ready); established connections keep the one they were accepted with.
 #[derive(Clone)]
 pub struct ReloadableServerTls {
-    current: Arc<ArcSwap<ServerConfig>>,
+    current: Arc<ArcSwapOption<ServerConfig>>,
 }
 
 impl ReloadableServerTls {
     /// Starts with `config`.
     pub fn new(config: ServerConfig) -> Self {
         Self {
-            current: Arc::new(ArcSwap::from_pointee(config)),
+            current: Arc::new(ArcSwapOption::from_pointee(config)),
         }
     }
 
     /// Replaces the config used by later handshakes.
     pub fn replace(&self, config: ServerConfig) {
-        self.current.store(Arc::new(config));
+        self.current.store(Some(Arc::new(config)));
     }
 
-    /// An acceptor for the config current now.
-    pub fn acceptor(&self) -> TlsAcceptor {
-        TlsAcceptor::from(self.current.load_full())
+    /// Withdraws the config: later handshakes fail until one is installed again.
+    pub fn clear(&self) {
+        self.current.store(None);
+    }
+
+    /// An acceptor for the config current now, if there is one.
+    pub fn acceptor(&self) -> Option<TlsAcceptor> {
+        self.current.load_full().map(TlsAcceptor::from)
     }
 }
 
@@ -284,7 +290,10 @@ pub fn mtls_incoming<N: Net>(
                     continue;
                 }
             };
-            let acceptor = tls.acceptor();
+            let Some(acceptor) = tls.acceptor() else {
+                tracing::debug!(%peer, "no TLS config is published: connection refused");
+                continue;
+            };
             let tx = tx.clone();
             tokio::spawn(async move {
                 let io = Io::new(stream, local, Some(peer));

@@ -1,11 +1,13 @@
-//! The security manifest (JSON, decoded strictly): the TLS file names and the client
-//! allowlist with each client's policy.
+//! The security manifest (JSON, decoded strictly): the TLS file names, the client allowlist
+//! with each client's policy, and the grant signing parameters and keyring (DECISIONS 4; the
+//! era-A fields of api-security §6.1, validated in [`super::keys`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::identity::canonical_client_uri;
+use super::keys::{self, ManifestKey};
 use super::policy::{ClientPolicy, SecuritySnapshot};
 
 /// Largest manifest accepted.
@@ -40,6 +42,21 @@ pub struct SecurityManifest {
     pub tls: TlsFiles,
     /// The client allowlist.
     pub clients: Vec<ManifestClient>,
+    /// `iss` of every grant.
+    pub issuer: String,
+    /// `aud` of every grant.
+    pub audience: String,
+    /// The key that signs grants.
+    #[serde(rename = "activeKeyID")]
+    pub active_key_id: String,
+    /// Grant lifetime, a Go duration (`5m`), 0 < x <= 5m.
+    #[serde(rename = "grantTTL")]
+    pub grant_ttl: String,
+    /// Widens the accepted lifetime ceiling only, 0 <= x < grantTTL.
+    #[serde(rename = "clockSkew")]
+    pub clock_skew: String,
+    /// The grant keys, 1..64.
+    pub keys: Vec<ManifestKey>,
 }
 
 /// TLS material, by basename.
@@ -115,7 +132,7 @@ impl SecurityManifest {
             }
             client.validate()?;
         }
-        Ok(())
+        keys::validate(self)
     }
 
     /// The allowlist this manifest admits.
@@ -195,12 +212,14 @@ pub fn is_dns_label(s: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    pub(crate) const SIGNING: &str = r#""issuer":"execution-provider","audience":"execution-provider","activeKeyID":"k1","grantTTL":"5m","clockSkew":"0s","keys":[{"id":"k1","version":1,"file":"grant.key","publicKeySHA256":"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff","activateAt":"2020-01-01T00:00:00Z","verifyUntil":"2100-01-01T00:00:00Z","state":"active"}]"#;
 
     fn manifest(clients: &str) -> String {
         format!(
-            r#"{{"version":1,"generation":3,"tls":{{"certificateFile":"server.pem","privateKeyFile":"server.key","clientCAFile":"clients.pem"}},"clients":{clients}}}"#
+            r#"{{"version":1,"generation":3,"tls":{{"certificateFile":"server.pem","privateKeyFile":"server.key","clientCAFile":"clients.pem"}},"clients":{clients},{SIGNING}}}"#
         )
     }
 
@@ -218,7 +237,7 @@ mod tests {
     #[test]
     fn unknown_fields_duplicate_keys_and_trailing_values_are_refused() {
         let ok = r#"[{"uri":"spiffe://c/a","mayAttestOwner":true}]"#;
-        let unknown = manifest(ok).replacen("\"version\":1", "\"version\":1,\"issuer\":\"x\"", 1);
+        let unknown = manifest(ok).replacen("\"version\":1", "\"version\":1,\"surprise\":\"x\"", 1);
         let duplicate = manifest(ok).replacen("\"version\":1", "\"version\":1,\"version\":1", 1);
         let trailing = format!("{} {{}}", manifest(ok));
         for bad in [unknown, duplicate, trailing] {
@@ -252,5 +271,42 @@ mod tests {
                 "{clients}"
             );
         }
+    }
+
+    #[test]
+    fn grant_signing_fields_are_validated() {
+        let clients = r#"[{"uri":"spiffe://c/a","mayAttestOwner":true}]"#;
+        let invalid = [
+            (r#""activeKeyID":"k1""#, r#""activeKeyID":"k9""#),
+            (r#""grantTTL":"5m""#, r#""grantTTL":"6m""#),
+            (r#""grantTTL":"5m""#, r#""grantTTL":"0s""#),
+            (r#""clockSkew":"0s""#, r#""clockSkew":"5m""#),
+            (r#""issuer":"execution-provider""#, r#""issuer":"""#),
+            (r#""file":"grant.key""#, r#""file":"../grant.key""#),
+            (r#""version":1,"file""#, r#""version":0,"file""#),
+            (r#""state":"active""#, r#""state":"verify-only""#),
+            (
+                r#""verifyUntil":"2100-01-01T00:00:00Z""#,
+                r#""verifyUntil":"2019-01-01T00:00:00Z""#,
+            ),
+            (r#""publicKeySHA256":"00"#, r#""publicKeySHA256":"zz"#),
+        ];
+        for (from, to) in invalid {
+            let text = manifest(clients).replacen(from, to, 1);
+            assert_ne!(text, manifest(clients), "{from}");
+            assert!(
+                matches!(
+                    SecurityManifest::parse(text.as_bytes()),
+                    Err(ManifestError::Invalid(_))
+                ),
+                "{to}"
+            );
+        }
+        let unknown_state =
+            manifest(clients).replacen(r#""state":"active""#, r#""state":"retired""#, 1);
+        assert!(matches!(
+            SecurityManifest::parse(unknown_state.as_bytes()),
+            Err(ManifestError::Decode(_))
+        ));
     }
 }

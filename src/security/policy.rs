@@ -2,6 +2,9 @@
 //! every RPC is authorized against.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::server::limiter::Slot;
 
 /// The permissions of one client, from the security manifest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,13 +27,24 @@ impl ClientPolicy {
 }
 
 /// An admitted client: its canonical URI and the policy of the snapshot that admitted it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// While it lives it may hold the RPC's limiter slot (released when the handler drops it).
+#[derive(Debug, Clone)]
 pub struct Client {
     /// The canonical URI SAN.
     pub uri: String,
     /// Its permissions.
     pub policy: ClientPolicy,
+    /// The limiter slot of the RPC, once reserved.
+    pub slot: Option<Arc<Slot>>,
 }
+
+impl PartialEq for Client {
+    fn eq(&self, other: &Self) -> bool {
+        self.uri == other.uri && self.policy == other.policy
+    }
+}
+
+impl Eq for Client {}
 
 /// One generation of the client allowlist.
 #[derive(Debug, Clone, Default)]
@@ -47,6 +61,7 @@ impl SecuritySnapshot {
         self.clients.get(uri).map(|policy| Client {
             uri: uri.to_owned(),
             policy: policy.clone(),
+            slot: None,
         })
     }
 }

@@ -4,6 +4,7 @@
 pub mod convert;
 pub mod file_rules;
 pub mod handlers;
+pub mod limiter;
 pub mod validate;
 
 use std::future::Future;

@@ -125,13 +125,58 @@ impl Store {
             },
             status: None,
         };
-        match self.api.create(&PostParams::default(), &object).await {
-            Ok(created) => Ok(created),
-            Err(kube::Error::Api(status)) if status.code == 409 => cas::get(&self.api, name)
-                .await?
-                .ok_or_else(|| StoreError::conflict(name, "environment changed concurrently")),
-            Err(e) => Err(StoreError::kube(name, e)),
+        let limit = self.templates.capacity(&req.template_id).unwrap_or(0);
+        self.ledger.reserve(&req.template_id, name, limit).await?;
+        let winner = match self.api.create(&PostParams::default(), &object).await {
+            Ok(created) => created,
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                match cas::get(&self.api, name).await {
+                    Ok(Some(winner)) => winner,
+                    Ok(None) => {
+                        return Err(StoreError::conflict(
+                            name,
+                            "environment changed concurrently",
+                        ));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(self.after_failed_create(name, req, e).await),
+        };
+        if winner.spec.template_id != req.template_id {
+            let _ = self.release_detached(name, &req.template_id).await;
+            return Err(StoreError::AlreadyExists {
+                env: name.to_owned(),
+                reason: "binding belongs to another template",
+            });
         }
+        Ok(winner)
+    }
+
+    /// A failed create: a definitive rejection releases the reserved slot; an ambiguous
+    /// failure (transport, timeout, server error) keeps it, because the resource may exist.
+    async fn after_failed_create(
+        &self,
+        name: &str,
+        req: &EnsureRequest,
+        error: kube::Error,
+    ) -> StoreError {
+        let definitive = matches!(&error, kube::Error::Api(s) if is_definitive(s.code));
+        let failure = StoreError::kube(name, error);
+        if definitive && let Err(release) = self.release_detached(name, &req.template_id).await {
+            tracing::warn!(env = name, %release, "could not release the capacity slot");
+        }
+        failure
+    }
+
+    /// Releases a slot independently of the caller's cancellation (the work is spawned).
+    async fn release_detached(&self, name: &str, template_id: &str) -> Result<(), StoreError> {
+        let ledger = self.ledger.clone();
+        let (name, template_id) = (name.to_owned(), template_id.to_owned());
+        let env = name.clone();
+        tokio::spawn(async move { ledger.release(&template_id, &name).await })
+            .await
+            .unwrap_or_else(|_| Err(StoreError::not_ready(&env, "capacity release interrupted")))
     }
 
     async fn initialize_status(&self, name: &str, req: &EnsureRequest) -> Result<(), StoreError> {
@@ -160,6 +205,12 @@ impl Store {
         })
         .await
     }
+}
+
+/// Kubernetes status codes that prove a create did not happen: BadRequest, Unauthorized,
+/// Forbidden, MethodNotSupported, RequestEntityTooLarge, Invalid.
+fn is_definitive(code: u16) -> bool {
+    matches!(code, 400 | 401 | 403 | 405 | 413 | 422)
 }
 
 /// The stored identity must be exactly the request's.

@@ -10,14 +10,21 @@
 //! [`Store::release_run`], [`Store::validate_run_claim`]) and the claimed, fenced dispatch of
 //! file operations and commands ([`Store::execute`]).
 
+pub mod admin;
 pub mod cas;
 pub mod claims;
 pub mod dispatch;
 pub mod ensure;
 pub mod error;
+pub mod intents;
+pub mod invariants;
+pub mod lease;
+pub mod ledger;
+pub mod lifecycle;
 pub mod naming;
 pub mod predicates;
 pub mod references;
+pub mod revoke;
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -116,6 +123,8 @@ pub struct Store {
     runtime: Runtime,
     namespace: String,
     holder_id: String,
+    ledger: ledger::Ledger,
+    kube: kube::Client,
 }
 
 impl Store {
@@ -128,8 +137,11 @@ impl Store {
         runtime: Runtime,
     ) -> Self {
         let holder_id = runtime.ids.hex(16);
+        let api = Api::namespaced(client.clone(), namespace);
         Self {
-            api: Api::namespaced(client, namespace),
+            ledger: ledger::Ledger::new(Api::namespaced(client.clone(), namespace), api.clone()),
+            kube: client,
+            api,
             templates,
             executor,
             runtime,
@@ -141,6 +153,16 @@ impl Store {
     /// The template registry this store allocates from.
     pub fn templates(&self) -> &TemplateRegistry {
         &self.templates
+    }
+
+    /// The capacity ledger.
+    pub fn ledger(&self) -> &ledger::Ledger {
+        &self.ledger
+    }
+
+    /// This replica's operation-lease holder id (fresh per store instance).
+    pub fn holder_id(&self) -> &str {
+        &self.holder_id
     }
 
     /// A fresh command id.

@@ -3,6 +3,7 @@
 
 use super::cas::{self, Decision};
 use super::ensure::exact_allocation;
+use super::intents::Target;
 use super::predicates::{
     active, creator_matches, env_ref, healthy, ready, reference_state, schema_current,
     template_retained,
@@ -20,40 +21,12 @@ impl Store {
         binding_id: &str,
         operation_id: &str,
     ) -> Result<(), StoreError> {
-        cas::update_status(&self.api, &env.id, |o| {
-            if !creator_matches(o, caller) || env_ref(o) != *env {
-                return Err(StoreError::not_found(
-                    &env.id,
-                    "creator, owner or revision differs",
-                ));
-            }
-            if !schema_current(o) {
-                return Err(StoreError::not_ready(&env.id, "incompatible schema"));
-            }
-            let status = o.status.get_or_insert_with(Default::default);
-            let record = status
-                .references
-                .iter_mut()
-                .find(|r| r.binding_id == binding_id)
-                .ok_or_else(|| StoreError::not_found(&env.id, "reference not found"))?;
-            if record.operation_id != operation_id {
-                return Err(StoreError::conflict(
-                    &env.id,
-                    "reference operation conflicts",
-                ));
-            }
-            match record.state {
-                ReferenceState::Published => Ok(Decision::Keep(())),
-                ReferenceState::PendingCreate => {
-                    record.state = ReferenceState::Published;
-                    Ok(Decision::Write(()))
-                }
-                ReferenceState::PendingDelete => {
-                    Err(StoreError::conflict(&env.id, "reference is being deleted"))
-                }
-            }
-        })
-        .await
+        let (from, to) = (
+            ReferenceState::PendingCreate,
+            Target::State(ReferenceState::Published),
+        );
+        self.transition_reference(env, caller, binding_id, operation_id, from, to)
+            .await
     }
 
     /// Removes the binding's Published reference. No record is success (idempotent); a

@@ -5,6 +5,72 @@
 
 #![allow(dead_code)]
 
+pub mod bounds;
+/// The cases of this file, under a module name like the other groups.
+pub mod core {
+    pub use super::*;
+}
+pub mod search;
+
+/// Calls `$runner!(module => case, ...)` for every group of cases (`core` for the cases of this
+/// file), so that every transport runs exactly the same list.
+#[allow(unused_macros)]
+macro_rules! every_conformance_case {
+    ($runner:ident) => {
+        $runner!(core =>
+            create_then_read_returns_the_content_and_its_sha256_version,
+            create_over_an_existing_file_is_already_exists_and_keeps_the_content,
+            replace_with_a_wrong_version_is_version_mismatch_and_changes_nothing,
+            replace_with_the_current_version_writes_and_returns_the_new_version,
+            missing_files_are_not_found,
+            reading_a_directory_is_an_internal_error,
+            paths_climbing_out_of_the_workspace_are_permission_denied,
+            absolute_paths_outside_the_workspace_are_permission_denied,
+            absolute_paths_inside_the_workspace_are_accepted,
+            symlinks_leaving_the_workspace_are_permission_denied,
+            symlinks_inside_the_workspace_are_followed,
+            stat_reports_go_file_modes_sizes_and_times,
+            list_returns_sorted_entries_without_following_symlinks,
+            remove_deletes_a_file_or_an_empty_directory_and_refuses_a_non_empty_one,
+            rename_and_copy_never_clobber,
+            resolve_authority_returns_canonical_paths_inside_the_workspace,
+            unknown_json_fields_are_invalid_argument,
+            two_json_values_are_invalid_argument,
+            duplicate_keys_are_invalid_argument,
+            oversize_requests_are_resource_exhausted,
+            provider_only_and_unknown_operations_are_invalid_argument,
+            command_start_requires_an_id_and_a_bounded_command,
+            a_command_reports_its_stdout_stderr_and_exit_code,
+            a_command_runs_in_the_workspace_with_exactly_the_fixed_environment,
+            a_command_that_exceeds_its_timeout_is_cancelled_and_its_process_group_is_gone,
+            a_detached_writer_is_killed_before_the_receipt,
+            output_beyond_the_cap_is_cut_and_flagged_truncated,
+            reading_a_file_over_the_limit_is_resource_exhausted,
+            the_receipt_is_sha256_of_the_id_nul_stdout_nul_stderr,
+            closing_stdin_cancels_a_running_command,
+        );
+        $runner!(bounds =>
+            file_content_at_and_under_the_limit_is_accepted_and_over_it_refused,
+            list_at_the_limit_is_accepted_and_over_it_refused,
+            the_limit_of_a_command_caps_its_output_and_the_receipt_covers_what_is_kept,
+            grandchildren_that_ignore_sigterm_and_leave_the_group_are_gone_after_timeout,
+            a_command_that_closes_stdout_early_still_reports_its_stderr,
+            binary_output_is_repaired_to_utf8_and_covered_by_the_receipt,
+            concurrent_replaces_with_the_same_version_have_exactly_one_winner,
+        );
+        $runner!(search =>
+            glob_matches_doublestar_patterns_sorted_and_root_relative,
+            glob_does_not_follow_symlinked_directories_or_report_symlinks,
+            glob_over_the_limit_is_resource_exhausted,
+            a_bad_glob_is_internal,
+            grep_finds_matching_lines_with_paths_and_line_numbers,
+            grep_never_shows_content_behind_external_symlinks,
+            grep_over_the_limit_is_resource_exhausted_and_a_bad_regex_is_internal,
+            grep_runs_in_linear_time_on_a_pathological_pattern,
+        );
+    };
+}
+
 use std::time::Duration;
 
 use execution_provider::executor::protocol::{
@@ -879,19 +945,4 @@ pub async fn closing_stdin_cancels_a_running_command(f: &dyn Fixture) {
         !f.process_group_alive(group)
     })
     .await;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Not yet implemented by the first helper (the full-helper issue replaces this case).
-
-pub async fn glob_and_grep_are_not_supported_yet(f: &dyn Fixture) {
-    for word in [Operation::FileGlob, Operation::FileGrep] {
-        let request = ExecutorRequest {
-            pattern: "*".into(),
-            ..ExecutorRequest::new(word)
-        };
-        let error = refused(f, request).await;
-        assert_eq!(error.code, ErrorCode::InvalidArgument);
-        assert_eq!(error.message, "unsupported executor operation");
-    }
 }

@@ -11,6 +11,7 @@
 
 mod delete;
 mod dispatch;
+pub mod exec;
 mod meta;
 mod patch;
 mod persist;
@@ -52,9 +53,17 @@ pub(crate) struct Shared {
     clock: Arc<dyn Clock>,
     ids: Arc<dyn IdSource>,
     state_file: Option<PathBuf>,
+    exec: Mutex<Option<Arc<dyn exec::ExecBackend>>>,
 }
 
 impl Shared {
+    fn exec_backend(&self) -> Option<Arc<dyn exec::ExecBackend>> {
+        self.exec
+            .lock()
+            .expect("exec backend lock poisoned")
+            .clone()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Store> {
         self.store.lock().expect("API server store lock poisoned")
     }
@@ -96,6 +105,7 @@ impl ApiServer {
                 clock,
                 ids,
                 state_file,
+                exec: Mutex::new(None),
             }),
         }
     }
@@ -126,6 +136,24 @@ impl ApiServer {
         ::kube::Client::new(self.clone(), default_namespace)
     }
 
+    /// Sets what runs `pods/exec` requests ([`exec`]); without one they are refused.
+    pub fn set_exec_backend(&self, backend: Arc<dyn exec::ExecBackend>) {
+        *self.shared.exec.lock().expect("exec backend lock poisoned") = Some(backend);
+    }
+
+    /// Serves one HTTP/1 connection with upgrades, which `pods/exec` needs (the in-process
+    /// [`ApiServer::client`] cannot upgrade). Returns when the connection closes.
+    pub async fn serve_connection<I>(&self, io: I) -> Result<(), hyper::Error>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper_util::service::TowerToHyperService::new(self.clone());
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+            .with_upgrades()
+            .await
+    }
+
     /// The state file, for a persisted server.
     pub fn state_file(&self) -> Option<&Path> {
         self.shared.state_file.as_deref()
@@ -134,6 +162,13 @@ impl ApiServer {
     /// The current (global) resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.shared.lock().resource_version()
+    }
+
+    /// Every stored object of `kind` in all namespaces, in key order (for the simulator's
+    /// invariant checker, which reads the state without going through the API).
+    pub fn objects_of_kind(&self, kind: &'static str) -> Vec<serde_json::Value> {
+        let store = self.shared.lock();
+        store.objects(kind, None).map(|(_, v)| v.clone()).collect()
     }
 
     /// Forgets the watch event history, as an etcd compaction does: watches and continue
@@ -166,6 +201,10 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
+        if let Some((namespace, pod)) = exec::exec_target(request.uri().path()) {
+            let answer = exec::handle(&shared, request, namespace, pod);
+            return Box::pin(async move { Ok(answer) });
+        }
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let bytes = match body.collect().await {

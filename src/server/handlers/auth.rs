@@ -7,6 +7,7 @@ use super::ProviderService;
 use crate::api::pb;
 use crate::errors::{ErrorCode, WireError};
 use crate::security::Client;
+use crate::security::grant::{GrantBinding, GrantEnvironment, MAX_GRANT_BYTES};
 use crate::server::validate::{self, valid_binding, valid_id};
 use crate::store::claims::in_token_range;
 use crate::store::{Caller, ClaimContext};
@@ -15,7 +16,7 @@ impl ProviderService {
     pub(super) fn client<T>(&self, req: &Request<T>) -> Result<Client, Status> {
         let certs = req.peer_certs();
         self.security
-            .authenticate(certs.as_deref().map(Vec::as_slice))
+            .admit(certs.as_deref().map(Vec::as_slice))
             .map_err(Status::from)
     }
 }
@@ -28,6 +29,43 @@ pub(super) fn caller(client: &Client, owner_hash: String) -> Caller {
     Caller {
         client: client.uri.clone(),
         owner_hash,
+    }
+}
+
+/// The exact binding a grant for this caller and claim must carry.
+pub(super) fn grant_binding(caller: &Caller, rc: &ClaimContext) -> GrantBinding {
+    GrantBinding {
+        client: caller.client.clone(),
+        owner: caller.owner_hash.clone(),
+        binding_id: rc.binding_id.clone(),
+        run_id: rc.run_id.clone(),
+        claim_id: rc.claim_id.clone(),
+        environment: GrantEnvironment {
+            id: rc.env.id.clone(),
+            revision: rc.env.revision.clone(),
+        },
+        epoch: rc.epoch,
+        grant_generation: rc.grant_generation,
+    }
+}
+
+impl ProviderService {
+    /// The data-plane authorization chain of §4.4 after authentication: the context
+    /// (steps 3-4, PERMISSION_DENIED), then the grant for `operation` (step 5: expired is
+    /// UNAUTHENTICATED retryable, anything else PERMISSION_DENIED). The durable run claim is
+    /// checked by the caller next (steps 6-7); both must hold (DECISIONS 4).
+    pub(super) fn data_plane_context(
+        &self,
+        client: &Client,
+        context: Option<&pb::RequestContext>,
+        operation: &str,
+    ) -> Result<(Caller, ClaimContext), Status> {
+        let (caller, rc) = claim_context(client, context)?;
+        let token = context.map(|c| c.grant.as_str()).unwrap_or_default();
+        self.security
+            .verify_grant(token, &grant_binding(&caller, &rc), operation)
+            .map_err(WireError::into_status)?;
+        Ok((caller, rc))
     }
 }
 
@@ -44,7 +82,9 @@ pub(super) fn claim_context(
         && valid_id(&c.run_id)
         && valid_id(&c.claim_id)
         && c.epoch != 0
-        && c.grant_generation != 0;
+        && c.grant_generation != 0
+        && !c.grant.is_empty()
+        && c.grant.len() <= MAX_GRANT_BYTES;
     if !well_formed || !client.policy.may_attest_owner {
         return Err(denied());
     }

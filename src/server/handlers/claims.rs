@@ -33,14 +33,14 @@ impl ProviderService {
             .store
             .acquire_run(&AcquireRequest {
                 env: rc.env,
-                caller,
+                caller: caller.clone(),
                 binding_id: rc.binding_id,
                 run_id: rc.run_id,
                 operation_id: r.operation_id.clone(),
                 ttl,
             })
             .await?;
-        Ok(Response::new(convert::run_claim(&claim, String::new())))
+        self.with_grant(&caller, &claim)
     }
 
     pub(super) async fn handle_renew_run(
@@ -66,7 +66,35 @@ impl ProviderService {
             .store
             .renew_run(&caller, &rc, &r.operation_id, ttl)
             .await?;
-        Ok(Response::new(convert::run_claim(&claim, String::new())))
+        self.with_grant(&caller, &claim)
+    }
+
+    /// The response to a successful acquire or renew: the claim plus a grant minted for it
+    /// (DECISIONS 4). `expires_at` is the earlier of the claim's and the grant's expiry, the
+    /// instant the pair stops authorizing the data plane. If no key may sign, the durable
+    /// claim stands and the call fails; a retry with the same operation id replays the claim
+    /// and signs again.
+    fn with_grant(
+        &self,
+        caller: &crate::store::Caller,
+        claim: &crate::store::RunClaim,
+    ) -> Result<Response<pb::RunClaimResponse>, Status> {
+        let rc = crate::store::ClaimContext {
+            env: claim.env.clone(),
+            binding_id: claim.binding_id.clone(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            epoch: claim.epoch,
+            grant_generation: claim.grant_generation,
+        };
+        let (grant, grant_expiry) = self
+            .security
+            .sign_grant(grant_binding(caller, &rc))
+            .map_err(crate::errors::WireError::into_status)?;
+        let mut response = convert::run_claim(claim, grant);
+        let expiry = claim.expires_at.min(grant_expiry);
+        response.expires_at = Some(convert::timestamp(expiry));
+        Ok(Response::new(response))
     }
 
     pub(super) async fn handle_release_run(

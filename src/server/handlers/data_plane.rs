@@ -19,7 +19,8 @@ impl ProviderService {
         let client = self.client(&request)?;
         let operation = operation.ok_or_else(|| refuse(ErrorCode::InvalidArgument))?;
         file_rules::check(&operation, r).map_err(|_| refuse(ErrorCode::InvalidArgument))?;
-        let (caller, rc) = claim_context(&client, r.context.as_ref())?;
+        let (caller, rc) =
+            self.data_plane_context(&client, r.context.as_ref(), operation.as_str())?;
         self.store.validate_run_claim(&caller, &rc).await?;
         let response = self
             .store
@@ -38,7 +39,7 @@ impl ProviderService {
         if r.command.is_empty() || r.command.len() > max || r.timeout_millis < 0 {
             return Err(refuse(ErrorCode::InvalidArgument));
         }
-        let (caller, rc) = claim_context(&client, r.context.as_ref())?;
+        let (caller, rc) = self.data_plane_context(&client, r.context.as_ref(), "command.start")?;
         self.store.validate_run_claim(&caller, &rc).await?;
         let command_id = self.store.new_command_id();
         let mut helper_request = ExecutorRequest::command(command_id.clone(), r.command.clone());
@@ -60,14 +61,16 @@ impl ProviderService {
         &self,
         request: Request<pb::CommandQueryRequest>,
     ) -> Result<Response<pb::CommandStatusResponse>, Status> {
-        self.handle_detached_control(request).await
+        self.handle_detached_control(request, "command.status")
+            .await
     }
 
     pub(super) async fn handle_cancel_command(
         &self,
         request: Request<pb::CommandQueryRequest>,
     ) -> Result<Response<pb::CommandStatusResponse>, Status> {
-        self.handle_detached_control(request).await
+        self.handle_detached_control(request, "command.cancel")
+            .await
     }
 
     /// CommandStatus / CancelCommand: the data-plane chain first, then UNIMPLEMENTED
@@ -75,10 +78,11 @@ impl ProviderService {
     async fn handle_detached_control(
         &self,
         request: Request<pb::CommandQueryRequest>,
+        operation: &str,
     ) -> Result<Response<pb::CommandStatusResponse>, Status> {
         let client = self.client(&request)?;
         let r = request.get_ref();
-        let (caller, rc) = claim_context(&client, r.context.as_ref())?;
+        let (caller, rc) = self.data_plane_context(&client, r.context.as_ref(), operation)?;
         self.store.validate_run_claim(&caller, &rc).await?;
         if r.command_id.is_empty() || r.offset < 0 {
             return Err(refuse(ErrorCode::InvalidArgument));

@@ -20,7 +20,6 @@ use tonic::{Request, Response, Status};
 
 use crate::api::pb;
 use crate::api::pb::execution_provider_service_server::ExecutionProviderService;
-use crate::errors::ErrorCode;
 use crate::security::Security;
 use crate::store::Store;
 
@@ -38,13 +37,6 @@ impl ProviderService {
     /// A service over `store`, authorizing against `security`.
     pub fn new(store: Store, security: Security) -> Self {
         Self { store, security }
-    }
-
-    /// Authenticates, then answers UNIMPLEMENTED with an ErrorDetail: the RPC's logic belongs
-    /// to a later part of the provider.
-    async fn not_yet<T, U>(&self, request: Request<T>) -> Result<Response<U>, Status> {
-        self.client(&request)?;
-        Err(auth::refuse(ErrorCode::Unimplemented))
     }
 }
 

@@ -12,6 +12,7 @@ mod decoding;
 mod file_rules;
 mod fixture;
 mod registry;
+mod revision_props;
 mod spec_rules;
 
 pub(super) const FIXTURE: &str = include_str!("../../../fixtures/templates.yaml");

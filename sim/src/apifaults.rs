@@ -1,0 +1,116 @@
+//! A tower layer around the in-process API server that injects the API server's failures
+//! drawn from the seed: writes refused before they commit (409, 429, 500) and writes that
+//! commit but whose answer is lost (504). Reads and watches pass through; watch restarts
+//! come from compaction, applied by the world.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use execution_provider::kube::apiserver::{ApiServer, ResponseBody};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::trace::Trace;
+
+/// The current error rates (refused before commit, lost after commit).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApiRates {
+    /// Chance a write is refused before it commits.
+    pub refuse: f64,
+    /// Chance a committed write's answer is lost.
+    pub lose_answer: f64,
+}
+
+/// The API server with injected failures.
+#[derive(Clone)]
+pub struct FaultyApi {
+    inner: ApiServer,
+    rng: Arc<Mutex<StdRng>>,
+    rates: Arc<Mutex<ApiRates>>,
+    trace: Trace,
+}
+
+impl FaultyApi {
+    /// Wraps `inner`, drawing failures from `seed` at `rates`.
+    pub fn new(inner: ApiServer, seed: u64, rates: Arc<Mutex<ApiRates>>, trace: Trace) -> Self {
+        Self {
+            inner,
+            rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
+            rates,
+            trace,
+        }
+    }
+
+    fn draw(&self, is_write: bool) -> (bool, bool, u16) {
+        if !is_write {
+            return (false, false, 0);
+        }
+        let rates = *self.rates.lock().expect("rates lock poisoned");
+        let mut rng = self.rng.lock().expect("rng lock poisoned");
+        let refuse = rates.refuse > 0.0 && rng.random_bool(rates.refuse.min(1.0));
+        let lose = rates.lose_answer > 0.0 && rng.random_bool(rates.lose_answer.min(1.0));
+        let code = [409, 429, 500][rng.random_range(0..3)];
+        (refuse, lose, code)
+    }
+}
+
+fn status(code: u16, reason: &str) -> Response<ResponseBody> {
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("injected by the simulator: {reason}"), "reason": reason, "code": code,
+    });
+    let bytes = serde_json::to_vec(&body).expect("JSON serializes");
+    let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
+    *response.status_mut() =
+        http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        409 => "Conflict",
+        429 => "TooManyRequests",
+        504 => "Timeout",
+        _ => "InternalError",
+    }
+}
+
+impl tower::Service<Request<hyper::body::Incoming>> for FaultyApi {
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<hyper::body::Incoming>) -> Self::Future {
+        let is_write = request.method() != http::Method::GET;
+        let (refuse, lose, code) = self.draw(is_write);
+        let what = format!("{} {}", request.method(), request.uri().path());
+        let mut inner = self.inner.clone();
+        let trace = self.trace.clone();
+        Box::pin(async move {
+            if refuse {
+                trace.record("apiserver", format!("refuse {code} {what}"));
+                return Ok(status(code, reason(code)));
+            }
+            let response = tower::Service::call(&mut inner, request).await?;
+            if lose && response.status().is_success() {
+                trace.record("apiserver", format!("lose answer {what}"));
+                return Ok(status(504, reason(504)));
+            }
+            Ok(response)
+        })
+    }
+}

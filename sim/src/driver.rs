@@ -1,0 +1,208 @@
+//! The driver of one run: steps the simulation, applies the seed's faults between steps,
+//! runs the invariant checker whenever the stored state changed, then heals everything and
+//! waits for convergence (the liveness phase).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use execution_provider::kube::apiserver::ApiServer;
+use rand::RngExt;
+use rand::rngs::StdRng;
+
+use crate::apifaults::ApiRates;
+use crate::executor::MemExecutor;
+use crate::faults::FaultPlan;
+use crate::invariants::Checker;
+use crate::trace::Trace;
+use crate::world::{API_HOST, LIVENESS_SECS, replica_host};
+
+/// Steps the simulation and applies faults.
+pub(crate) struct Driver<'a> {
+    pub(crate) sim: turmoil::Sim<'a>,
+    pub(crate) rng: StdRng,
+    pub(crate) plan: FaultPlan,
+    pub(crate) steppers: Vec<Arc<std::sync::atomic::AtomicI64>>,
+    pub(crate) trace: Trace,
+    pub(crate) api: ApiServer,
+    pub(crate) replicas: u32,
+    pub(crate) clients: Vec<String>,
+    pub(crate) down: Vec<(u32, Duration)>,
+    pub(crate) partitions: Vec<(String, String, Duration)>,
+    pub(crate) checker: Checker,
+    pub(crate) last_rv: u64,
+    pub(crate) host_error: Option<String>,
+}
+
+/// Faults are considered every this many simulated milliseconds.
+const FAULT_TICK_MS: u64 = 100;
+
+impl Driver<'_> {
+    fn ms(&self) -> u128 {
+        self.sim.elapsed().as_millis()
+    }
+
+    /// One simulation step, then the invariant check if anything was written. Returns
+    /// whether every client finished (or a host failed).
+    fn step(&mut self) -> bool {
+        let finished = match self.sim.step() {
+            Ok(finished) => finished,
+            Err(error) => {
+                self.host_error = Some(error.to_string());
+                return true;
+            }
+        };
+        let rv = self.api.resource_version();
+        if rv != self.last_rv {
+            self.last_rv = rv;
+            let objects = self.api.objects_of_kind("ExecutionEnvironment");
+            self.checker.observe(&objects);
+        }
+        finished
+    }
+
+    pub(crate) fn workload(&mut self) {
+        loop {
+            if self.step() {
+                return;
+            }
+            if self.ms().is_multiple_of(u128::from(FAULT_TICK_MS)) {
+                self.faults();
+            }
+        }
+    }
+
+    fn chance(&mut self, per_sec: f64) -> bool {
+        let p = per_sec * FAULT_TICK_MS as f64 / 1000.0;
+        p > 0.0 && self.rng.random_bool(p.min(1.0))
+    }
+
+    fn faults(&mut self) {
+        let now = self.sim.elapsed();
+        let ms = self.ms();
+        let due: Vec<u32> = self
+            .down
+            .iter()
+            .filter(|(_, until)| *until <= now)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in due {
+            self.down.retain(|(j, _)| *j != i);
+            self.trace
+                .record_at(ms, "world", format!("restart replica-{i}"));
+            self.sim.bounce(replica_host(i));
+        }
+        let healed: Vec<(String, String)> = self
+            .partitions
+            .iter()
+            .filter(|(_, _, until)| *until <= now)
+            .map(|(a, b, _)| (a.clone(), b.clone()))
+            .collect();
+        for (a, b) in healed {
+            self.partitions.retain(|(x, y, _)| !(x == &a && y == &b));
+            self.trace.record_at(ms, "world", format!("repair {a} {b}"));
+            self.sim.repair(a.as_str(), b.as_str());
+        }
+        if self.chance(self.plan.crash_per_sec) {
+            let i = self.rng.random_range(0..self.replicas);
+            if !self.down.iter().any(|(j, _)| *j == i) {
+                self.trace
+                    .record_at(ms, "world", format!("crash replica-{i}"));
+                self.sim.crash(replica_host(i));
+                let until = now + Duration::from_millis(self.plan.downtime_ms);
+                self.down.push((i, until));
+            }
+        }
+        if self.chance(self.plan.partition_per_sec) {
+            self.partition(now, ms);
+        }
+        if self.chance(self.plan.clock_step_per_sec) && !self.steppers.is_empty() {
+            let i = self.rng.random_range(0..self.steppers.len());
+            let step = self.rng.random_range(-1_000..=1_000);
+            self.steppers[i].fetch_add(step, Ordering::Relaxed);
+            self.trace
+                .record_at(ms, "world", format!("clock step replica-{i} {step}ms"));
+        }
+        if self.chance(self.plan.compact_per_sec) {
+            self.trace
+                .record_at(ms, "world", "compact (watches get 410)");
+            self.api.compact();
+        }
+    }
+
+    fn partition(&mut self, now: Duration, ms: u128) {
+        let replica = replica_host(self.rng.random_range(0..self.replicas));
+        let other = if self.rng.random_bool(0.5) {
+            API_HOST.to_owned()
+        } else {
+            let c = self.rng.random_range(0..self.clients.len());
+            self.clients[c].clone()
+        };
+        if self
+            .partitions
+            .iter()
+            .any(|(a, b, _)| a == &replica && b == &other)
+        {
+            return;
+        }
+        let until = now + Duration::from_millis(self.plan.partition_ms);
+        if self.plan.one_way && self.rng.random_bool(0.5) {
+            self.trace.record_at(
+                ms,
+                "world",
+                format!("partition one-way {replica} -> {other}"),
+            );
+            self.sim.partition_oneway(replica.as_str(), other.as_str());
+        } else {
+            self.trace
+                .record_at(ms, "world", format!("partition {replica} {other}"));
+            self.sim.partition(replica.as_str(), other.as_str());
+        }
+        self.partitions.push((replica, other, until));
+    }
+
+    /// Stops every fault and restarts every replica.
+    pub(crate) fn heal(&mut self, rates: &Arc<Mutex<ApiRates>>, executor: &MemExecutor) {
+        let ms = self.ms();
+        self.trace
+            .record_at(ms, "world", "heal: faults off, replicas restarted");
+        self.plan = self.plan.calm();
+        *rates.lock().expect("rates lock") = ApiRates::default();
+        executor.set_crash_rate(0.0);
+        for (a, b, _) in std::mem::take(&mut self.partitions) {
+            self.sim.repair(a.as_str(), b.as_str());
+        }
+        self.down.clear();
+        for i in 0..self.replicas {
+            self.sim.bounce(replica_host(i));
+        }
+    }
+
+    /// After healing, every environment that is not fenced and has no lifecycle operation
+    /// must become Ready, and no Pod or PVC may belong to a missing environment.
+    pub(crate) fn liveness(&mut self) -> Option<String> {
+        let deadline = self.sim.elapsed() + Duration::from_secs(LIVENESS_SECS);
+        loop {
+            for _ in 0..FAULT_TICK_MS {
+                self.step();
+            }
+            if self.host_error.is_some() {
+                return None;
+            }
+            let pending = crate::cluster::unconverged(&self.api);
+            if pending.is_empty() {
+                let ms = self.ms();
+                self.trace.record_at(ms, "world", "liveness: converged");
+                return None;
+            }
+            if self.sim.elapsed() >= deadline {
+                let what = pending.into_iter().collect::<BTreeSet<_>>();
+                return Some(format!(
+                    "LIVENESS: not converged within {LIVENESS_SECS} simulated seconds after healing: {}",
+                    what.into_iter().collect::<Vec<_>>().join("; ")
+                ));
+            }
+        }
+    }
+}

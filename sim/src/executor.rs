@@ -1,0 +1,242 @@
+//! The simulator's executor node: the helper's file and command contract on an in-memory
+//! workspace per environment, behind the production `ExecutorTransport` seam. It records every
+//! side effect it performs (so the checker can prove "executed at most once") and, when the
+//! seed says so, crashes mid-command: the effect may have happened but no answer comes back,
+//! which the store must treat as an unknown outcome and fence.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use execution_provider::executor::protocol::{
+    CommandState, CommandStatus, ExecutorEnvelope, ExecutorRequest, ExecutorResponse,
+    MAX_COMMAND_BYTES, Operation, decode_strict, terminal_receipt,
+};
+use execution_provider::executor::{
+    BoxFuture, CancelSignal, ExecutorTarget, ExecutorTransport, TransportError,
+};
+use execution_provider::helper::error::HelperError;
+use execution_provider::helper::{
+    FRAME_TOO_LARGE_MESSAGE, PROVIDER_ONLY_MESSAGE, UNSUPPORTED_MESSAGE, check_bounds,
+    effective_limit,
+};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::memfs::{MemFs, resolve};
+
+pub use crate::memfs::WORKSPACE_ROOT;
+
+/// One side effect the executor performed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Effect {
+    /// The environment.
+    pub environment: String,
+    /// The operation.
+    pub operation: String,
+    /// The path or command id it acted on.
+    pub subject: String,
+}
+
+#[derive(Default)]
+struct State {
+    workspaces: BTreeMap<String, MemFs>,
+    effects: Vec<Effect>,
+    commands_seen: BTreeSet<String>,
+    duplicate_commands: Vec<String>,
+}
+
+/// The in-memory executor shared by every replica (it stands for the executor Pods).
+#[derive(Clone)]
+pub struct MemExecutor {
+    state: Arc<Mutex<State>>,
+    faults: Arc<Mutex<(StdRng, f64)>>,
+    latency: Duration,
+}
+
+impl MemExecutor {
+    /// An executor that crashes mid-command with probability `crash_rate`, with faults drawn
+    /// from `seed`, answering after `latency`.
+    pub fn new(seed: u64, crash_rate: f64, latency: Duration) -> Self {
+        Self {
+            state: Arc::default(),
+            faults: Arc::new(Mutex::new((StdRng::seed_from_u64(seed), crash_rate))),
+            latency,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("executor state lock poisoned")
+    }
+
+    /// Every side effect performed so far, in order.
+    pub fn effects(&self) -> Vec<Effect> {
+        self.lock().effects.clone()
+    }
+
+    /// Command ids the executor was asked to run more than once.
+    pub fn duplicate_commands(&self) -> Vec<String> {
+        self.lock().duplicate_commands.clone()
+    }
+
+    /// Sets the crash probability (0 stops executor faults, for the liveness phase).
+    pub fn set_crash_rate(&self, rate: f64) {
+        self.faults.lock().expect("fault lock poisoned").1 = rate;
+    }
+
+    fn crashes(&self) -> bool {
+        let mut faults = self.faults.lock().expect("fault lock poisoned");
+        let rate = faults.1;
+        rate > 0.0 && faults.0.random_bool(rate.min(1.0))
+    }
+
+    /// Runs one raw request frame (as the helper reads it from stdin) in `environment`.
+    pub fn apply_frame(&self, environment: &str, frame: &[u8]) -> ExecutorEnvelope {
+        let decoded = if frame.len() > execution_provider::executor::protocol::MAX_JSON_BODY {
+            Err(HelperError::ResourceExhausted(FRAME_TOO_LARGE_MESSAGE))
+        } else {
+            decode_strict::<ExecutorRequest>(frame)
+                .map_err(|e| HelperError::InvalidArgument(e.to_string()))
+        };
+        match decoded {
+            Ok(request) => self.apply(environment, &request),
+            Err(error) => ExecutorEnvelope::error(error.to_wire()),
+        }
+    }
+
+    /// Runs one request in `environment`'s workspace.
+    pub fn apply(&self, environment: &str, request: &ExecutorRequest) -> ExecutorEnvelope {
+        match self.perform(environment, request) {
+            Ok(response) => ExecutorEnvelope::response(response),
+            Err(error) => ExecutorEnvelope::error(error.to_wire()),
+        }
+    }
+
+    fn perform(
+        &self,
+        environment: &str,
+        request: &ExecutorRequest,
+    ) -> Result<ExecutorResponse, HelperError> {
+        check_bounds(request)?;
+        let mut state = self.lock();
+        let state = &mut *state;
+        let fs = state.workspaces.entry(environment.to_owned()).or_default();
+        let path = || resolve(&request.path);
+        let destination = || resolve(&request.destination);
+        let mut effect = None;
+        let result = match &request.operation {
+            Operation::FileRead => fs.read(&path()?),
+            Operation::FileStat => fs.stat(&path()?),
+            Operation::FileList => fs.list(&path()?, effective_limit(request.limit)),
+            Operation::FileResolveAuthority => Ok(fs.resolve_authority(&path()?)),
+            Operation::FileCreate => {
+                let p = path()?;
+                effect = Some(p.clone());
+                fs.create(&p, &request.data)
+            }
+            Operation::FileReplace => {
+                let p = path()?;
+                effect = Some(p.clone());
+                fs.replace(&p, &request.data, &request.version)
+            }
+            Operation::FileRemove => {
+                let p = path()?;
+                effect = Some(p.clone());
+                fs.remove(&p)
+            }
+            Operation::FileRename | Operation::FileCopy => {
+                let (from, to) = (path()?, destination()?);
+                effect = Some(to.clone());
+                fs.transfer(&from, &to, request.operation == Operation::FileCopy)
+            }
+            Operation::CommandStart => {
+                validate_command(request)?;
+                if !state.commands_seen.insert(request.command_id.clone()) {
+                    state.duplicate_commands.push(request.command_id.clone());
+                }
+                effect = Some(request.command_id.clone());
+                Ok(run_script(&request.command_id, &request.command))
+            }
+            Operation::FileGlob | Operation::FileGrep | Operation::Unknown(_) => {
+                Err(HelperError::InvalidArgument(UNSUPPORTED_MESSAGE.to_owned()))
+            }
+            _ => Err(HelperError::InvalidArgument(
+                PROVIDER_ONLY_MESSAGE.to_owned(),
+            )),
+        };
+        if let (Ok(_), Some(subject)) = (&result, effect) {
+            state.effects.push(Effect {
+                environment: environment.to_owned(),
+                operation: request.operation.as_str().to_owned(),
+                subject,
+            });
+        }
+        result
+    }
+}
+
+fn validate_command(request: &ExecutorRequest) -> Result<(), HelperError> {
+    if request.command_id.is_empty() {
+        return Err(HelperError::InvalidArgument(
+            "command_id is required".to_owned(),
+        ));
+    }
+    if request.command.is_empty() || request.command.len() > MAX_COMMAND_BYTES {
+        return Err(HelperError::InvalidArgument(format!(
+            "command must be 1 to {MAX_COMMAND_BYTES} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// A tiny shell: `echo WORDS` prints them, `exit N` exits with N, `true` succeeds; anything
+/// else is "command not found" (127), as `/bin/sh` would say.
+fn run_script(command_id: &str, script: &str) -> ExecutorResponse {
+    let (stdout, stderr, exit_code) = match script.split_once(' ').unwrap_or((script, "")) {
+        ("echo", words) => (format!("{words}\n").into_bytes(), Vec::new(), 0),
+        ("exit", code) => (Vec::new(), Vec::new(), code.trim().parse().unwrap_or(2)),
+        ("true", _) => (Vec::new(), Vec::new(), 0),
+        (name, _) => (
+            Vec::new(),
+            format!("sh: {name}: not found\n").into_bytes(),
+            127,
+        ),
+    };
+    let state = if exit_code == 0 {
+        CommandState::Succeeded
+    } else {
+        CommandState::Failed
+    };
+    ExecutorResponse {
+        command: Some(CommandStatus {
+            command_id: command_id.to_owned(),
+            state,
+            exit_code,
+            terminal_receipt: terminal_receipt(command_id, &stdout, &stderr),
+            stdout,
+            stderr,
+            next_offset: 0,
+            truncated: false,
+        }),
+        ..ExecutorResponse::default()
+    }
+}
+
+impl ExecutorTransport for MemExecutor {
+    fn execute<'a>(
+        &'a self,
+        target: &'a ExecutorTarget,
+        request: ExecutorRequest,
+        _cancel: CancelSignal,
+    ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
+        Box::pin(async move {
+            execution_provider::executor::transport::encode_request(&request)?;
+            tokio::time::sleep(self.latency).await;
+            let envelope = self.apply(&target.environment, &request);
+            if request.operation == Operation::CommandStart && self.crashes() {
+                return Err(TransportError::stream("executor crashed mid-command"));
+            }
+            Ok(envelope)
+        })
+    }
+}

@@ -1,0 +1,469 @@
+//! Client hosts: each plays a platform client with one owner over a few bindings, issuing a
+//! seeded random sequence of valid and invalid calls to random replicas over mTLS. Every call
+//! goes into the trace (invoke, then ok / the gRPC code / unknown) and acknowledged data-plane
+//! calls go to the checker. RPCs answering UNIMPLEMENTED are recorded as skips.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use execution_provider::api::pb;
+use execution_provider::api::pb::execution_provider_service_client::ExecutionProviderServiceClient;
+use execution_provider::runtime::tls::{self, Identity, MtlsConnector};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::clock::SkewedClock;
+use crate::invariants::Acknowledged;
+use crate::net::SimNet;
+use crate::scenario::Mix;
+use crate::trace::Trace;
+
+mod admin;
+
+type Client = ExecutionProviderServiceClient<Channel>;
+
+/// What every client host shares with the harness.
+#[derive(Clone, Default)]
+pub struct Record {
+    /// The trace.
+    pub trace: Trace,
+    /// Acknowledged data-plane calls.
+    pub acknowledged: Arc<Mutex<Vec<Acknowledged>>>,
+    /// Environments whose ensure was acknowledged.
+    pub ensured: Arc<Mutex<BTreeSet<String>>>,
+    /// Requests that must fail but succeeded.
+    pub violations: Arc<Mutex<Vec<String>>>,
+    /// Calls issued.
+    pub calls: Arc<Mutex<u64>>,
+    /// Run claims by `owner/binding`, shared by every client host of that owner (workers
+    /// of one platform passing a claim around), oldest first.
+    pub claims: Arc<Mutex<BTreeMap<String, Vec<pb::RunClaimResponse>>>>,
+}
+
+/// One client host's parameters.
+#[derive(Clone)]
+pub struct ClientSpec {
+    /// The turmoil host name.
+    pub host: String,
+    /// Its certificate.
+    pub identity: Identity,
+    /// A certificate the provider does not admit.
+    pub stranger: Identity,
+    /// The CA of the replicas' server certificate.
+    pub server_cas: Vec<CertificateDer<'static>>,
+    /// The attested owner.
+    pub owner: pb::Owner,
+    /// The bindings it works on.
+    pub bindings: Vec<String>,
+    /// How many actions it takes.
+    pub steps: u32,
+    /// Its random seed.
+    pub seed: u64,
+    /// How many replicas exist.
+    pub replicas: u32,
+    /// The action mix.
+    pub mix: Mix,
+    /// Chance of reusing an old claim.
+    pub stale_claim_rate: f64,
+    /// Chance of a deliberately invalid request.
+    pub invalid_rate: f64,
+}
+
+#[derive(Default)]
+struct Binding {
+    env: Option<pb::EnvironmentRef>,
+    versions: BTreeMap<String, Vec<u8>>,
+}
+
+struct Session {
+    spec: ClientSpec,
+    record: Record,
+    rng: StdRng,
+    template: Option<pb::TemplateSelector>,
+    bindings: BTreeMap<String, Binding>,
+    counter: u64,
+}
+
+fn channel(host: &str, identity: &Identity, cas: &[CertificateDer<'static>]) -> Client {
+    let config = tls::client_config(Some(identity), cas, Arc::new(SkewedClock::exact()))
+        .expect("the simulator's client TLS config is valid");
+    let name = ServerName::try_from("localhost").expect("a valid server name");
+    let connector = MtlsConnector::new(SimNet, config, Some(name));
+    let channel = Endpoint::from_shared(format!("http://{host}:{}", crate::world::GRPC_PORT))
+        .expect("a valid endpoint")
+        .timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(2))
+        .connect_with_connector_lazy(connector);
+    ExecutionProviderServiceClient::new(channel)
+}
+
+/// Runs one client host to completion.
+pub async fn run(spec: ClientSpec, record: Record) -> turmoil::Result {
+    let bindings = spec
+        .bindings
+        .iter()
+        .map(|b| (b.clone(), Binding::default()))
+        .collect();
+    let mut session = Session {
+        rng: StdRng::seed_from_u64(spec.seed),
+        spec,
+        record,
+        template: None,
+        bindings,
+        counter: 0,
+    };
+    for _ in 0..session.spec.steps {
+        let pause = session.rng.random_range(0..400);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        session.step().await;
+    }
+    Ok(())
+}
+
+/// How a call ended, as the trace shows it.
+fn outcome<T>(result: &Result<T, tonic::Status>) -> String {
+    match result {
+        Ok(_) => "ok".to_owned(),
+        Err(status) => match status.code() {
+            tonic::Code::DeadlineExceeded | tonic::Code::Unavailable | tonic::Code::Cancelled => {
+                "unknown".to_owned()
+            }
+            tonic::Code::Unimplemented => "skip (unimplemented)".to_owned(),
+            code => format!("{code:?}"),
+        },
+    }
+}
+
+impl Session {
+    fn next_id(&mut self, what: &str) -> String {
+        self.counter += 1;
+        format!("{}-{what}-{}", self.spec.host, self.counter)
+    }
+
+    /// A connection to a random replica, for one call. Every call has its own connection: an
+    /// abandoned call then closes its connection instead of resetting an HTTP/2 stream, whose
+    /// expiry h2 judges by the OS clock (which would make runs depend on the machine's speed).
+    fn client(&mut self) -> Client {
+        let i = self.rng.random_range(0..self.spec.replicas);
+        let host = crate::world::replica_host(i);
+        channel(&host, &self.spec.identity, &self.spec.server_cas)
+    }
+
+    /// A connection presenting the unadmitted certificate.
+    fn stranger(&self) -> Client {
+        let host = crate::world::replica_host(0);
+        channel(&host, &self.spec.stranger, &self.spec.server_cas)
+    }
+
+    fn trace(&self, event: String) {
+        self.record.trace.record(&self.spec.host, event);
+        *self.record.calls.lock().expect("calls lock") += 1;
+    }
+
+    fn unexpected(&self, what: String) {
+        self.record
+            .violations
+            .lock()
+            .expect("violations lock")
+            .push(what);
+    }
+
+    async fn step(&mut self) {
+        let binding = {
+            let i = self.rng.random_range(0..self.spec.bindings.len());
+            self.spec.bindings[i].clone()
+        };
+        if self.rng.random_bool(self.spec.invalid_rate) {
+            return self.invalid(&binding).await;
+        }
+        let mix = self.spec.mix;
+        let weights = [
+            mix.ensure,
+            mix.acquire,
+            mix.renew,
+            mix.files,
+            mix.commands,
+            mix.release,
+            mix.revoke,
+            mix.lifecycle,
+            mix.release_reference,
+        ];
+        let total: u32 = weights.iter().sum();
+        let mut pick = self.rng.random_range(0..total);
+        let mut action = 0;
+        for (i, w) in weights.iter().enumerate() {
+            if pick < *w {
+                action = i;
+                break;
+            }
+            pick -= w;
+        }
+        if self.bindings[&binding].env.is_none() {
+            action = 0;
+        }
+        match action {
+            0 => self.ensure(&binding).await,
+            1 => self.acquire(&binding).await,
+            2 => self.renew(&binding).await,
+            3 => self.file(&binding).await,
+            4 => self.command(&binding).await,
+            5 => self.release(&binding).await,
+            6 => self.revoke(&binding).await,
+            7 => self.lifecycle(&binding).await,
+            _ => self.release_reference(&binding).await,
+        }
+    }
+
+    async fn template(&mut self) -> Option<pb::TemplateSelector> {
+        if self.template.is_none() {
+            let result = self
+                .client()
+                .list_execution_templates(pb::ListExecutionTemplatesRequest {})
+                .await;
+            self.trace(format!("list-templates -> {}", outcome(&result)));
+            self.template = result
+                .ok()?
+                .into_inner()
+                .items
+                .into_iter()
+                .filter_map(|i| i.template)
+                .find(|t| t.id == "default");
+        }
+        self.template.clone()
+    }
+
+    async fn ensure(&mut self, binding: &str) {
+        let Some(template) = self.template().await else {
+            return;
+        };
+        let operation_id = format!("ensure-{}-{binding}", self.spec.owner.subject);
+        let request = pb::EnsureTemplateRequest {
+            binding_id: binding.to_owned(),
+            template: Some(template),
+            owner: Some(self.spec.owner.clone()),
+            operation_id: operation_id.clone(),
+        };
+        let result = self.client().ensure_template(request).await;
+        self.trace(format!("ensure {binding} -> {}", outcome(&result)));
+        let Ok(response) = result else { return };
+        let env = response.into_inner().environment;
+        if let Some(env) = &env {
+            self.record
+                .ensured
+                .lock()
+                .expect("ensured lock")
+                .insert(env.id.clone());
+        }
+        let commit = pb::ReferenceMutationRequest {
+            environment: env.clone(),
+            owner: Some(self.spec.owner.clone()),
+            binding_id: binding.to_owned(),
+            operation_id,
+        };
+        let result = self.client().commit_reference(commit).await;
+        self.trace(format!(
+            "commit-reference {binding} -> {}",
+            outcome(&result)
+        ));
+        if result.is_ok() {
+            self.bindings.get_mut(binding).expect("known binding").env = env;
+        }
+    }
+
+    async fn acquire(&mut self, binding: &str) {
+        let env = self.bindings[binding].env.clone();
+        let run_id = self.next_id("run");
+        let request = pb::AcquireRunRequest {
+            environment: env,
+            owner: Some(self.spec.owner.clone()),
+            binding_id: binding.to_owned(),
+            operation_id: self.next_id("acquire"),
+            run_id,
+            ttl_millis: 30_000,
+        };
+        let result = self.client().acquire_run(request).await;
+        self.trace(format!("acquire {binding} -> {}", outcome(&result)));
+        if let Ok(claim) = result {
+            let claim = claim.into_inner();
+            let key = self.board_key(binding);
+            let mut board = self.record.claims.lock().expect("claims lock");
+            board.entry(key).or_default().push(claim);
+        }
+    }
+
+    fn board_key(&self, binding: &str) -> String {
+        format!("{}/{binding}", self.spec.owner.subject)
+    }
+
+    fn shared_claims(&self, binding: &str) -> Vec<pb::RunClaimResponse> {
+        let board = self.record.claims.lock().expect("claims lock");
+        board
+            .get(&self.board_key(binding))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The claim to use: usually the newest, sometimes an older one (a stale epoch).
+    fn claim(&mut self, binding: &str) -> Option<pb::RunClaimResponse> {
+        let claims = self.shared_claims(binding);
+        let n = claims.len();
+        if n == 0 {
+            return None;
+        }
+        let stale = n > 1 && self.rng.random_bool(self.spec.stale_claim_rate);
+        let i = if stale {
+            self.rng.random_range(0..n - 1)
+        } else {
+            n - 1
+        };
+        Some(claims[i].clone())
+    }
+
+    fn context(&self, binding: &str, claim: &pb::RunClaimResponse) -> pb::RequestContext {
+        pb::RequestContext {
+            environment: claim.environment.clone(),
+            owner: Some(self.spec.owner.clone()),
+            binding_id: binding.to_owned(),
+            epoch: claim.epoch,
+            grant: claim.grant.clone(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            grant_generation: claim.grant_generation,
+        }
+    }
+
+    async fn renew(&mut self, binding: &str) {
+        let Some(claim) = self.claim(binding) else {
+            return self.acquire(binding).await;
+        };
+        let request = pb::RenewRunRequest {
+            environment: claim.environment.clone(),
+            owner: Some(self.spec.owner.clone()),
+            binding_id: binding.to_owned(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            epoch: claim.epoch,
+            operation_id: self.next_id("renew"),
+            ttl_millis: 30_000,
+            grant_generation: claim.grant_generation,
+        };
+        let result = self.client().renew_run(request).await;
+        self.trace(format!(
+            "renew {binding} e{} -> {}",
+            claim.epoch,
+            outcome(&result)
+        ));
+    }
+
+    fn acknowledge(&self, claim: &pb::RunClaimResponse, what: String) {
+        let environment = claim
+            .environment
+            .as_ref()
+            .map(|e| e.id.clone())
+            .unwrap_or_default();
+        self.record
+            .acknowledged
+            .lock()
+            .expect("acknowledged lock")
+            .push(Acknowledged {
+                environment,
+                claim_id: claim.claim_id.clone(),
+                epoch: claim.epoch,
+                what,
+            });
+    }
+
+    async fn file(&mut self, binding: &str) {
+        let Some(claim) = self.claim(binding) else {
+            return self.acquire(binding).await;
+        };
+        let path = format!("f{}.txt", self.rng.random_range(0..3));
+        let known = self.bindings[binding].versions.get(&path).cloned();
+        let (operation, data, version) = match (self.rng.random_range(0..3), known) {
+            (0, _) => (pb::FileOperation::Read, Vec::new(), Vec::new()),
+            (1, Some(version)) => (
+                pb::FileOperation::Replace,
+                self.next_id("data").into_bytes(),
+                version,
+            ),
+            _ => (
+                pb::FileOperation::Create,
+                self.next_id("data").into_bytes(),
+                Vec::new(),
+            ),
+        };
+        let request = pb::FileRequest {
+            context: Some(self.context(binding, &claim)),
+            operation: operation as i32,
+            path: path.clone(),
+            data,
+            version,
+            ..pb::FileRequest::default()
+        };
+        let what = format!("file {:?} {path}", operation);
+        let result = self.client().files(request).await;
+        self.trace(format!(
+            "{what} {binding} e{} -> {}",
+            claim.epoch,
+            outcome(&result)
+        ));
+        if let Ok(response) = result {
+            let version = response.into_inner().version;
+            if !version.is_empty() {
+                let state = self.bindings.get_mut(binding).expect("known binding");
+                state.versions.insert(path, version);
+            }
+            self.acknowledge(&claim, what);
+        }
+    }
+
+    async fn command(&mut self, binding: &str) {
+        let Some(claim) = self.claim(binding) else {
+            return self.acquire(binding).await;
+        };
+        let command = match self.rng.random_range(0..3) {
+            0 => "echo hello".to_owned(),
+            1 => format!("exit {}", self.rng.random_range(0..3)),
+            _ => "true".to_owned(),
+        };
+        let request = pb::CommandStartRequest {
+            context: Some(self.context(binding, &claim)),
+            command: command.clone(),
+            timeout_millis: 10_000,
+        };
+        let result = self.client().start_command(request).await;
+        self.trace(format!(
+            "command `{command}` {binding} e{} -> {}",
+            claim.epoch,
+            outcome(&result)
+        ));
+        if result.is_ok() {
+            self.acknowledge(&claim, format!("command `{command}`"));
+        }
+    }
+
+    async fn release(&mut self, binding: &str) {
+        let Some(claim) = self.claim(binding) else {
+            return;
+        };
+        let request = pb::ReleaseRunRequest {
+            environment: claim.environment.clone(),
+            owner: Some(self.spec.owner.clone()),
+            binding_id: binding.to_owned(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            epoch: claim.epoch,
+            operation_id: self.next_id("release"),
+            grant_generation: claim.grant_generation,
+        };
+        let result = self.client().release_run(request).await;
+        self.trace(format!(
+            "release {binding} e{} -> {}",
+            claim.epoch,
+            outcome(&result)
+        ));
+    }
+}

@@ -1,0 +1,234 @@
+//! `execution-provider serve`: the production entry point (k8s-executor §5.4). It validates
+//! its flags, loads the templates and the security directory, connects to the cluster (a
+//! kubeconfig file, or in-cluster / inferred configuration), runs the reconciler's start-up
+//! checks (exiting non-zero with a clear message when a RuntimeClass, StorageClass or the
+//! capacity ledger is missing), then serves gRPC, the reconciler and the health endpoints
+//! together until SIGTERM or Ctrl-C, and shuts down gracefully.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+
+use crate::executor::PodExecutor;
+use crate::provider::{self, Dependencies, Settings, Shutdown};
+use crate::runtime::Runtime;
+use crate::runtime::net::{Net, TokioNet};
+use crate::security::{self, Security};
+use crate::templates::TemplateRegistry;
+
+/// Flags of `serve`; each also reads an `EXECUTION_PROVIDER_*` environment variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// A kubeconfig file; without it the in-cluster (or otherwise inferred) configuration.
+    #[arg(long, env = "EXECUTION_PROVIDER_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of environments, executor Pods and workspace PVCs.
+    #[arg(long, env = "EXECUTION_PROVIDER_NAMESPACE")]
+    pub namespace: String,
+    /// The dedicated service account executor Pods run as (never `default`).
+    #[arg(long, env = "EXECUTION_PROVIDER_EXECUTOR_SERVICE_ACCOUNT")]
+    pub executor_service_account: String,
+    /// The templates file (k8s-executor §3.1).
+    #[arg(
+        long,
+        env = "EXECUTION_PROVIDER_TEMPLATES",
+        default_value = "/etc/execution-provider/templates.yaml"
+    )]
+    pub templates: PathBuf,
+    /// The security manifest.
+    #[arg(
+        long,
+        env = "EXECUTION_PROVIDER_SECURITY_MANIFEST",
+        default_value = "/etc/execution-provider/security/manifest.json"
+    )]
+    pub security_policy_manifest: PathBuf,
+    /// The directory holding the TLS and key files the manifest names.
+    #[arg(
+        long,
+        env = "EXECUTION_PROVIDER_TLS_DIRECTORY",
+        default_value = "/etc/execution-provider/security"
+    )]
+    pub tls_directory: PathBuf,
+    /// The mTLS gRPC address.
+    #[arg(
+        long,
+        env = "EXECUTION_PROVIDER_LISTEN",
+        default_value = "0.0.0.0:8443"
+    )]
+    pub listen: SocketAddr,
+    /// The plain-HTTP health address (`/live`, `/ready`); `off` disables it.
+    #[arg(
+        long,
+        env = "EXECUTION_PROVIDER_HEALTH_LISTEN",
+        default_value = "0.0.0.0:8081"
+    )]
+    pub health_listen: String,
+}
+
+/// Checks the flags that have rules beyond their type.
+pub fn validate(args: &ServeArgs) -> anyhow::Result<Option<SocketAddr>> {
+    if !is_dns_label(&args.namespace) {
+        bail!(
+            "--namespace must be a DNS-1123 label, got {:?}",
+            args.namespace
+        );
+    }
+    let account = &args.executor_service_account;
+    if !is_dns_label(account) || account == "default" {
+        bail!(
+            "--executor-service-account must be a dedicated DNS-1123 label (not `default`), got {account:?}"
+        );
+    }
+    match args.health_listen.as_str() {
+        "off" | "" => Ok(None),
+        text => text
+            .parse()
+            .map(Some)
+            .with_context(|| format!("--health-listen: {text:?} is not an address or `off`")),
+    }
+}
+
+fn is_dns_label(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    (1..=63).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
+}
+
+/// The Kubernetes client: from `kubeconfig` when given, otherwise inferred (in-cluster first).
+pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .with_context(|| format!("kubeconfig {} is not usable", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no in-cluster configuration and no usable kubeconfig")?,
+    };
+    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+}
+
+/// Runs `serve` until a shutdown signal.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let health_addr = validate(&args)?;
+    let templates = TemplateRegistry::load(&args.templates)
+        .with_context(|| format!("decode execution templates {}", args.templates.display()))?;
+    let runtime = Runtime::system();
+    let loaded = security::load_directory(&args.security_policy_manifest, &args.tls_directory)
+        .context("cannot load the security directory")?;
+    let security = Security::new(&loaded, runtime.clock.clone())
+        .context("the security directory is not usable")?
+        .with_ids(runtime.ids.clone());
+    let kube = kube_client(args.kubeconfig.as_deref()).await?;
+    let deps = Dependencies {
+        runtime,
+        executor: Arc::new(PodExecutor::new(kube.clone())),
+        kube,
+        templates: Arc::new(templates),
+        security,
+    };
+    let settings = Settings {
+        namespace: args.namespace.clone(),
+        executor_service_account: args.executor_service_account.clone(),
+    };
+    let reconciler = provider::reconciler(&deps, &settings);
+    // Preflight before anything listens: a failure ends the process with its reason.
+    reconciler.initialize().await.context("cannot start")?;
+    let listener = TokioNet
+        .bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let (trigger, shutdown) = Shutdown::new();
+    if let Some(addr) = health_addr {
+        let health = TokioNet
+            .bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} for health"))?;
+        let ready = reconciler.clone();
+        let readiness: crate::health::Readiness =
+            Arc::new(move || (!ready.is_ready()).then(|| ready.readiness_reason().to_owned()));
+        tokio::spawn(crate::health::serve::<TokioNet>(
+            health,
+            readiness,
+            shutdown.clone().wait(),
+        ));
+    }
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        trigger.trigger();
+    });
+    tracing::info!(listen = %args.listen, namespace = %args.namespace, "serving");
+    provider::run_with::<TokioNet>(deps, settings, reconciler, listener, shutdown).await?;
+    Ok(())
+}
+
+/// Completes on SIGTERM or Ctrl-C (SIGINT).
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    fn parse(extra: &[&str]) -> ServeArgs {
+        let mut argv = vec!["execution-provider", "serve", "--namespace", "execution"];
+        argv.extend_from_slice(extra);
+        match crate::cli::Cli::try_parse_from(argv).unwrap().command {
+            crate::cli::Command::Serve(args) => *args,
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_executor_account_must_be_dedicated() {
+        for account in ["default", "Executor", "-x", ""] {
+            let flag = format!("--executor-service-account={account}");
+            let args = parse(&[&flag]);
+            assert!(validate(&args).is_err(), "{account:?}");
+        }
+        let args = parse(&["--executor-service-account", "execution-executor"]);
+        assert_eq!(
+            validate(&args).unwrap(),
+            Some("0.0.0.0:8081".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn the_health_server_can_be_turned_off_and_bad_addresses_are_refused() {
+        let base = ["--executor-service-account", "execution-executor"];
+        let off = parse(&[&base[..], &["--health-listen", "off"]].concat());
+        assert_eq!(validate(&off).unwrap(), None);
+        let bad = parse(&[&base[..], &["--health-listen", ":8081"]].concat());
+        assert!(validate(&bad).is_err());
+    }
+}

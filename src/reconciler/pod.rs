@@ -1,0 +1,125 @@
+//! `ensurePod` (k8s-executor §2.5) and the Pod predicates the reconciler and the lifecycle
+//! rely on: `pod_ready` and `pod_terminal` (§2.7).
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use kube::api::{Api, PostParams};
+
+use super::error::ReconcileError;
+use super::validate_pod::validate_pod;
+use super::{Context, render, status};
+use crate::kube::crd::{ExecutionEnvironment, pod_name};
+use crate::templates::ExecutionSpec;
+
+/// The environment's executor Pod: read, or created when none was ever recorded, then
+/// validated. A recorded Pod that vanished fences the environment and is never re-created.
+pub async fn ensure_pod(
+    envs: &Api<ExecutionEnvironment>,
+    env: &ExecutionEnvironment,
+    spec: &ExecutionSpec,
+    ctx: &Context,
+) -> Result<Pod, ReconcileError> {
+    let name = env.metadata.name.clone().unwrap_or_default();
+    let account = ctx.config.executor_service_account.as_str();
+    if account.is_empty() || account == "default" {
+        return Err(ReconcileError::mismatch(
+            &name,
+            "executor ServiceAccount must be dedicated",
+        ));
+    }
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let recorded = env.status.as_ref().and_then(|s| s.pod.as_ref());
+    let pod = match api
+        .get_opt(&pod_name(&name))
+        .await
+        .map_err(ReconcileError::kube(&name, "read Pod"))?
+    {
+        Some(pod) => pod,
+        None if recorded.is_some() => {
+            let fenced = status::fence(
+                envs,
+                ctx,
+                env,
+                "previous executor disappearance is not externally fenced",
+            )
+            .await;
+            return Err(ReconcileError::join(
+                ReconcileError::Fenced {
+                    env: name,
+                    what: "previous executor termination unconfirmed",
+                },
+                fenced,
+            ));
+        }
+        None => match api
+            .create(
+                &PostParams::default(),
+                &render::executor_pod(env, spec, account),
+            )
+            .await
+        {
+            Ok(pod) => pod,
+            Err(kube::Error::Api(s)) if s.code == 409 => api
+                .get(&pod_name(&name))
+                .await
+                .map_err(ReconcileError::kube(&name, "read Pod"))?,
+            Err(e) => return Err(ReconcileError::kube(&name, "create Pod")(e)),
+        },
+    };
+    validate_pod(env, spec, account, &pod).map_err(|what| ReconcileError::mismatch(&name, what))?;
+    Ok(pod)
+}
+
+/// Whether the Pod is not terminating and its Ready condition is True.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether the kubelet reports the Pod as finished for good: phase Succeeded or Failed, and
+/// every declared container (init, regular, ephemeral) has exactly one terminated status.
+pub fn pod_terminal(pod: &Pod) -> bool {
+    let (Some(spec), Some(status)) = (pod.spec.as_ref(), pod.status.as_ref()) else {
+        return false;
+    };
+    if !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"))
+        || spec.containers.is_empty()
+    {
+        return false;
+    }
+    let init: Vec<&str> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    let regular: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    let ephemeral: Vec<&str> = spec
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    all_terminated(&init, status.init_container_statuses.as_deref())
+        && all_terminated(&regular, status.container_statuses.as_deref())
+        && all_terminated(&ephemeral, status.ephemeral_container_statuses.as_deref())
+}
+
+fn all_terminated(declared: &[&str], statuses: Option<&[ContainerStatus]>) -> bool {
+    let statuses = statuses.unwrap_or_default();
+    if statuses.len() != declared.len() {
+        return false;
+    }
+    let declared: BTreeSet<&str> = declared.iter().copied().collect();
+    let mut seen = BTreeSet::new();
+    statuses.iter().all(|s| {
+        declared.contains(s.name.as_str())
+            && seen.insert(s.name.as_str())
+            && s.state.as_ref().is_some_and(|st| st.terminated.is_some())
+    })
+}

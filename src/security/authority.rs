@@ -1,0 +1,323 @@
+//! [`Security`]: the authority in force now (allowlist, client CA pool, grant keys, server
+//! TLS config) and the checks every RPC runs against it.
+//!
+//! The authority can be withdrawn: then the replica is not ready, every RPC is UNAVAILABLE
+//! `not_ready` (retryable) and new handshakes fail. When a [`super::SecurityManager`] runs,
+//! each RPC also requires a fresh observation of the durable ledger (at most the configured
+//! staleness old) that names exactly this authority's generation and digest.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwapOption;
+use rustls::pki_types::CertificateDer;
+
+use super::ledger::LedgerState;
+use super::{LoadedSecurity, SecurityError, grant, identity, keys};
+use crate::errors::{ErrorCode, WireError};
+use crate::runtime::tls::{self, ClientChainVerifier, ReloadableServerTls};
+use crate::runtime::{Clock, IdSource, OsIds};
+use crate::security::{Client, SecuritySnapshot};
+use crate::server::limiter::RpcLimiter;
+
+/// What every RPC is judged against: one load of the security directory.
+pub(super) struct Authority {
+    snapshot: SecuritySnapshot,
+    chains: ClientChainVerifier,
+    keyring: keys::Keyring,
+    /// The generation and digest this authority was published under.
+    pub(super) state: LedgerState,
+    /// The server certificate's notAfter: the authority is not ready from then on.
+    valid_until: SystemTime,
+}
+
+/// The latest observation of the durable ledger, when a manager checks it.
+#[derive(Default)]
+struct LedgerCheck {
+    /// How old an observation may be.
+    staleness: Option<Duration>,
+    observed: Option<(LedgerState, tokio::time::Instant)>,
+}
+
+/// The live security state shared by the server and its handlers.
+#[derive(Clone)]
+pub struct Security {
+    authority: Arc<ArcSwapOption<Authority>>,
+    check: Arc<Mutex<LedgerCheck>>,
+    tls: ReloadableServerTls,
+    clock: Arc<dyn Clock>,
+    ids: Arc<dyn IdSource>,
+    limiter: Arc<arc_swap::ArcSwap<RpcLimiter>>,
+}
+
+fn not_ready() -> WireError {
+    WireError::retryable(ErrorCode::NotReady)
+}
+
+impl Security {
+    /// Builds the state from a loaded directory.
+    pub fn new(loaded: &LoadedSecurity, clock: Arc<dyn Clock>) -> Result<Self, SecurityError> {
+        let config = tls::server_config(&loaded.server, clock.clone())?;
+        let authority = Self::authority(loaded, clock.clone())?;
+        Ok(Self {
+            authority: Arc::new(ArcSwapOption::from_pointee(authority)),
+            check: Arc::default(),
+            tls: ReloadableServerTls::new(config),
+            clock,
+            ids: Arc::new(OsIds),
+            limiter: Arc::default(),
+        })
+    }
+
+    /// Draws grant nonces from `ids` instead of the operating system (tests, simulator).
+    #[must_use]
+    pub fn with_ids(mut self, ids: Arc<dyn IdSource>) -> Self {
+        self.ids = ids;
+        self
+    }
+
+    fn authority(
+        loaded: &LoadedSecurity,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Authority, SecurityError> {
+        Ok(Authority {
+            snapshot: loaded.manifest.snapshot(),
+            chains: ClientChainVerifier::new(&loaded.client_cas, clock)?,
+            keyring: loaded.keyring.clone(),
+            state: LedgerState {
+                generation: loaded.manifest.generation,
+                digest: super::digest::authority_digest(&loaded.manifest),
+            },
+            valid_until: leaf_not_after(&loaded.server.chain[0]),
+        })
+    }
+
+    /// Installs a newly loaded directory: later handshakes and RPCs, including RPCs on
+    /// connections that are already open, use it.
+    pub fn install(&self, loaded: &LoadedSecurity) -> Result<(), SecurityError> {
+        let config = tls::server_config(&loaded.server, self.clock.clone())?;
+        let authority = Self::authority(loaded, self.clock.clone())?;
+        self.tls.replace(config);
+        self.authority.store(Some(Arc::new(authority)));
+        Ok(())
+    }
+
+    /// Replaces the RPC limiter (its bounds come from flags); RPCs in flight keep the slots
+    /// of the old one.
+    pub fn set_limiter(&self, limiter: RpcLimiter) {
+        self.limiter.store(Arc::new(limiter));
+    }
+
+    /// The RPC limiter in force.
+    pub fn limiter(&self) -> RpcLimiter {
+        RpcLimiter::clone(&self.limiter.load())
+    }
+
+    /// Withdraws the authority: not ready, RPCs UNAVAILABLE, handshakes refused.
+    pub fn clear(&self) {
+        self.tls.clear();
+        self.authority.store(None);
+    }
+
+    /// Withdraws the authority only if it is still the one published as `state` (a stale
+    /// failure must not clear a newer authority).
+    pub(super) fn clear_if(&self, state: Option<&LedgerState>) {
+        if self.published().as_ref() == state {
+            self.clear();
+        }
+    }
+
+    /// The generation and digest of the authority in force, if any.
+    pub fn published(&self) -> Option<LedgerState> {
+        self.authority.load().as_ref().map(|a| a.state.clone())
+    }
+
+    /// Requires every RPC to hold a ledger observation at most `staleness` old that names
+    /// the authority in force.
+    pub(super) fn require_ledger(&self, staleness: Duration) {
+        self.check.lock().expect("ledger check lock").staleness = Some(staleness);
+    }
+
+    /// Records what the ledger holds now.
+    pub(super) fn observe(&self, state: LedgerState) {
+        let now = self.clock.monotonic();
+        self.check.lock().expect("ledger check lock").observed = Some((state, now));
+    }
+
+    /// The server TLS config handle for the accept loop.
+    pub fn server_tls(&self) -> ReloadableServerTls {
+        self.tls.clone()
+    }
+
+    /// The generation of the allowlist in force now (0 when withdrawn).
+    pub fn generation(&self) -> u64 {
+        self.published().map_or(0, |s| s.generation)
+    }
+
+    /// Whether the replica may serve: an authority is in force, not expired, and (under a
+    /// manager) confirmed by a fresh ledger observation.
+    pub fn ready(&self) -> bool {
+        self.current().is_ok()
+    }
+
+    /// The authority in force now, or `not_ready`.
+    fn current(&self) -> Result<Arc<Authority>, WireError> {
+        let authority = self.authority.load_full().ok_or_else(not_ready)?;
+        if self.clock.wall() >= authority.valid_until {
+            return Err(not_ready());
+        }
+        let check = self.check.lock().expect("ledger check lock");
+        if let Some(staleness) = check.staleness {
+            let fresh = check.observed.as_ref().is_some_and(|(state, at)| {
+                *state == authority.state
+                    && self.clock.monotonic().saturating_duration_since(*at) <= staleness
+            });
+            if !fresh {
+                return Err(not_ready());
+            }
+        }
+        Ok(authority)
+    }
+
+    /// Authenticates the peer of an RPC against the authority in force now (§2.2): it must
+    /// be ready, the chain must verify against the client CA pool at the injected clock's
+    /// time, and the leaf must name an admitted client. The returned policy is this
+    /// snapshot's, for the whole request. Then reserves the RPC's limiter slot (§7), held
+    /// by the returned client: RESOURCE_EXHAUSTED at once when a bound is reached.
+    pub fn admit(
+        &self,
+        peer_certs: Option<&[CertificateDer<'static>]>,
+    ) -> Result<Client, WireError> {
+        let mut client = self.authenticate(peer_certs)?;
+        let slot = self
+            .limiter
+            .load()
+            .try_acquire(&client.uri)
+            .ok_or(WireError::fatal(ErrorCode::ResourceExhausted))?;
+        client.slot = Some(Arc::new(slot));
+        Ok(client)
+    }
+
+    /// Authentication alone (§2.2 steps 1-6), without a limiter slot.
+    pub fn authenticate(
+        &self,
+        peer_certs: Option<&[CertificateDer<'static>]>,
+    ) -> Result<Client, WireError> {
+        let unauthenticated = WireError::fatal(ErrorCode::Unauthenticated);
+        let chain = peer_certs
+            .filter(|c| !c.is_empty())
+            .ok_or(unauthenticated)?;
+        let authority = self.current()?;
+        if !authority.chains.verify(chain) {
+            return Err(unauthenticated);
+        }
+        let uri = identity::client_identity(&chain[0]).map_err(|_| unauthenticated)?;
+        authority.snapshot.admit(&uri).ok_or(unauthenticated)
+    }
+
+    /// Mints a grant for `binding` with the active key of the authority in force now;
+    /// returns the token and its expiry.
+    pub fn sign_grant(
+        &self,
+        binding: grant::GrantBinding,
+    ) -> Result<(String, SystemTime), WireError> {
+        let authority = self.current()?;
+        grant::sign(
+            &authority.keyring,
+            binding,
+            self.ids.hex(16),
+            self.clock.wall(),
+        )
+        .map_err(grant::GrantError::wire)
+    }
+
+    /// Verifies that `token` allows `operation` on exactly `expected`, against the keys of
+    /// the authority in force now.
+    pub fn verify_grant(
+        &self,
+        token: &str,
+        expected: &grant::GrantBinding,
+        operation: &str,
+    ) -> Result<(), WireError> {
+        let authority = self.current()?;
+        grant::verify(
+            &authority.keyring,
+            token,
+            expected,
+            operation,
+            self.clock.wall(),
+        )
+        .map(drop)
+        .map_err(grant::GrantError::wire)
+    }
+}
+
+/// The notAfter of a certificate (the epoch when it does not parse: never valid).
+fn leaf_not_after(der: &CertificateDer<'_>) -> SystemTime {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    X509Certificate::from_der(der)
+        .ok()
+        .and_then(|(_, cert)| u64::try_from(cert.validity().not_after.timestamp()).ok())
+        .map_or(SystemTime::UNIX_EPOCH, |secs| {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::state_dir::StateDir;
+    use crate::runtime::SystemClock;
+
+    fn security(dir: &std::path::Path) -> Security {
+        let state = StateDir::open_or_init(dir).unwrap();
+        let loaded = super::super::load_directory(&state.manifest_path(), &state.security_dir());
+        Security::new(&loaded.unwrap(), Arc::new(SystemClock)).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ledger_observation_older_than_the_staleness_bound_makes_the_replica_unready() {
+        let tmp = tempfile::tempdir().unwrap();
+        let security = security(tmp.path());
+        assert!(security.ready(), "without a manager no ledger is required");
+        security.require_ledger(Duration::from_millis(1000));
+        assert!(!security.ready(), "no observation yet");
+        let published = security.published().unwrap();
+        security.observe(published.clone());
+        assert!(security.ready());
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        assert!(security.ready(), "exactly at the bound is still fresh");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!security.ready());
+        security.observe(published.clone());
+        assert!(security.ready());
+        security.observe(LedgerState {
+            generation: published.generation + 1,
+            digest: published.digest.clone(),
+        });
+        assert!(!security.ready(), "the ledger names another authority");
+        let refused = security.authenticate(Some(&[])).unwrap_err();
+        assert_eq!(
+            refused.code,
+            ErrorCode::Unauthenticated,
+            "no certificate first"
+        );
+    }
+
+    #[test]
+    fn a_withdrawn_authority_refuses_rpcs_retryably_and_handshakes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let security = security(tmp.path());
+        let before = security.published();
+        security.clear_if(None);
+        assert!(
+            security.ready(),
+            "a stale failure does not clear a newer authority"
+        );
+        security.clear_if(before.as_ref());
+        assert!(!security.ready());
+        assert!(security.server_tls().acceptor().is_none());
+        let chain = [CertificateDer::from(vec![0u8])];
+        assert_eq!(security.authenticate(Some(&chain)), Err(not_ready()));
+    }
+}

@@ -1,0 +1,139 @@
+//! The operation lease (store §8): `status.activeOperation` is the durable mutual exclusion of
+//! one executor dispatch, held by one store instance (`holderID`, fresh per replica process)
+//! under one run claim, until `expiresAt`. The holder renews it every `OPERATION_TTL / 3`
+//! while the executor runs; a renewal that fails (authority lost, lease taken, persistence
+//! error) cancels the executor call, and the dispatch then fences the environment.
+//!
+//! Start-up never touches operation ownership: nothing here runs except inside a dispatch.
+
+use std::time::SystemTime;
+
+use super::cas::{self, Decision};
+use super::predicates::{claim_current, healthy, schema_current, template_retained};
+use super::{ClaimContext, OPERATION_TTL, Store, StoreError};
+use crate::kube::crd::{ExecutionEnvironment, RfcTime};
+use crate::templates::TemplateRegistry;
+
+/// How often the holder renews: a third of the lease.
+pub const RENEW_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+const _: () = assert!(RENEW_PERIOD.as_secs() * 3 == OPERATION_TTL.as_secs());
+
+/// The in-flight operation is exactly ours: same id, holder, claim, run and epoch.
+pub fn op_matches(o: &ExecutionEnvironment, rc: &ClaimContext, op_id: &str, holder: &str) -> bool {
+    o.status
+        .as_ref()
+        .and_then(|s| s.active_operation.as_ref())
+        .is_some_and(|op| {
+            op.id == op_id
+                && op.holder_id == holder
+                && op.claim_id == rc.claim_id
+                && op.run_id == rc.run_id
+                && op.epoch == rc.epoch
+        })
+}
+
+/// Our lease is current: it is ours, the environment is healthy and it has not expired.
+pub fn lease_current(
+    o: &ExecutionEnvironment,
+    rc: &ClaimContext,
+    op_id: &str,
+    holder: &str,
+    now: SystemTime,
+) -> bool {
+    op_matches(o, rc, op_id, holder)
+        && healthy(o)
+        && o.status
+            .as_ref()
+            .and_then(|s| s.active_operation.as_ref())
+            .is_some_and(|op| now < op.expires_at.to_system_time())
+}
+
+/// The authority the operation was admitted under still holds: schema current, template
+/// retained, and the exact claim current at the operation's epoch and generation.
+pub fn authority_current(
+    o: &ExecutionEnvironment,
+    rc: &ClaimContext,
+    templates: &TemplateRegistry,
+    now: SystemTime,
+) -> bool {
+    let run_epoch = o
+        .status
+        .as_ref()
+        .and_then(|s| s.active_run.as_ref())
+        .map(|r| r.epoch);
+    schema_current(o)
+        && template_retained(o, templates)
+        && claim_current(o, rc, now)
+        && run_epoch == Some(rc.epoch)
+}
+
+impl Store {
+    /// One renewal: requires the lease and the authority to be current, then extends the lease
+    /// to `now + OPERATION_TTL`.
+    pub async fn renew_operation_lease(
+        &self,
+        rc: &ClaimContext,
+        op_id: &str,
+    ) -> Result<(), StoreError> {
+        let env = &rc.env.id;
+        let now = self.now();
+        cas::update_status(&self.api, env, |o| {
+            if !lease_current(o, rc, op_id, &self.holder_id, now)
+                || !authority_current(o, rc, &self.templates, now)
+            {
+                return Err(StoreError::fence(env, "lease renewal failed"));
+            }
+            let status = o.status.get_or_insert_with(Default::default);
+            if let Some(op) = status.active_operation.as_mut() {
+                op.renewed_at = RfcTime::from_system_time(now);
+                op.expires_at = RfcTime::from_system_time(now + OPERATION_TTL);
+            }
+            Ok(Decision::Write(()))
+        })
+        .await
+    }
+
+    /// Renews every [`RENEW_PERIOD`] until a renewal fails, and returns that failure. The
+    /// dispatch drops this future when the executor call finishes first.
+    pub(super) async fn renew_until_lost(&self, rc: &ClaimContext, op_id: &str) -> StoreError {
+        loop {
+            tokio::time::sleep(RENEW_PERIOD).await;
+            if let Err(error) = self.renew_operation_lease(rc, op_id).await {
+                tracing::warn!(env = %rc.env.id, %error, "operation lease lost; cancelling");
+                return error;
+            }
+        }
+    }
+}
+
+/// The operation `op_id` is on record and its lease has lapsed (`expiresAt ≤ now`).
+pub fn operation_expired(o: &ExecutionEnvironment, op_id: &str, now: SystemTime) -> bool {
+    o.status
+        .as_ref()
+        .and_then(|s| s.active_operation.as_ref())
+        .is_some_and(|op| op.id == op_id && now >= op.expires_at.to_system_time())
+}
+
+impl Store {
+    /// Fences the environment because the observed operation's lease expired (its holder
+    /// crashed or stalled). The write re-validates inside the compare-and-swap that the same,
+    /// still-expired operation is present: if the holder renewed or completed it, or another
+    /// operation replaced it, nothing is written and the answer is conflict. The operation
+    /// identity is kept for recovery.
+    pub async fn fence_expired_operation(&self, env: &str, op_id: &str) -> Result<(), StoreError> {
+        let now = self.now();
+        cas::update_status(&self.api, env, |o| {
+            if !operation_expired(o, op_id, now) {
+                return Err(StoreError::conflict(env, "operation lease changed"));
+            }
+            let status = o.status.get_or_insert_with(Default::default);
+            if status.fence_state == Some(crate::kube::crd::FenceState::FenceUnknown) {
+                return Ok(Decision::Keep(()));
+            }
+            status.fence_state = Some(crate::kube::crd::FenceState::FenceUnknown);
+            Ok(Decision::Write(()))
+        })
+        .await
+    }
+}

@@ -1,0 +1,217 @@
+//! The Helm chart renders (with `helm template`, the binary named by `$HELM`) into exactly the
+//! objects of k8s-executor §5, pinned by a snapshot; its RBAC is least privilege; its templates
+//! ConfigMap is a file the provider loads; its values schema refuses bad values.
+//!
+//! Without `$HELM` the tests print that they were skipped, except under CI (`$CI` set), where
+//! a missing helm is a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use execution_provider::security::SecurityManifest;
+use execution_provider::templates::TemplateRegistry;
+use serde_json::Value;
+
+const NAMESPACE: &str = "execution";
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/execution-provider")
+}
+
+/// The helm binary, or `None` (skipped) outside CI.
+fn helm(test: &str) -> Option<PathBuf> {
+    match std::env::var_os("HELM") {
+        Some(path) => Some(PathBuf::from(path)),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("{test}: HELM must name a helm binary when CI is set")
+        }
+        None => {
+            eprintln!("{test}: skipped, HELM is not set");
+            None
+        }
+    }
+}
+
+/// `helm template` of the chart with the CI values plus `extra` arguments.
+fn render(helm: &Path, extra: &[&str]) -> Result<String, String> {
+    let chart = chart();
+    let output = Command::new(helm)
+        .args(["template", "demo"])
+        .arg(&chart)
+        .args(["--namespace", NAMESPACE, "--kube-version", "1.33.0", "-f"])
+        .arg(chart.join("ci/test-values.yaml"))
+        .args(extra)
+        .output()
+        .expect("helm runs");
+    if output.status.success() {
+        Ok(String::from_utf8(output.stdout).expect("utf-8"))
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+fn objects(rendered: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(rendered)
+        .expect("helm output is YAML")
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{kind} {name} is rendered"))
+}
+
+#[test]
+fn the_chart_renders_exactly_its_snapshot() {
+    let Some(helm) = helm("the_chart_renders_exactly_its_snapshot") else {
+        return;
+    };
+    let rendered = render(&helm, &[]).expect("renders");
+    insta::assert_snapshot!("chart_render", rendered);
+}
+
+#[test]
+fn the_rendered_templates_and_manifest_are_what_the_provider_loads() {
+    let Some(helm) = helm("the_rendered_templates_and_manifest_are_what_the_provider_loads") else {
+        return;
+    };
+    let objects = objects(&render(&helm, &[]).expect("renders"));
+    let templates = find(&objects, "ConfigMap", "demo-execution-provider-templates");
+    let text = templates["data"]["templates.yaml"].as_str().unwrap();
+    let registry = TemplateRegistry::from_yaml_str(text, "chart").expect("the provider loads it");
+    assert!(registry.default_revision("default").is_some());
+    let manifest = find(
+        &objects,
+        "ConfigMap",
+        "demo-execution-provider-security-manifest",
+    );
+    let text = manifest["data"]["manifest.json"].as_str().unwrap();
+    SecurityManifest::parse(text.as_bytes()).expect("the provider loads the manifest");
+    let deployment = find(&objects, "Deployment", "demo-execution-provider");
+    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(args[0], "serve");
+    assert!(args.as_array().unwrap().contains(&Value::from(
+        "--executor-service-account=demo-execution-provider-executor"
+    )));
+    assert_eq!(deployment["spec"]["replicas"], 2);
+}
+
+#[test]
+fn rbac_is_exactly_what_the_provider_calls_and_never_secrets() {
+    let Some(helm) = helm("rbac_is_exactly_what_the_provider_calls_and_never_secrets") else {
+        return;
+    };
+    let rendered = render(&helm, &[]).expect("renders");
+    let objects = objects(&rendered);
+    let role = find(&objects, "Role", "demo-execution-provider");
+    let rules: Vec<String> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} {} {}",
+                r["apiGroups"], r["resources"], r["verbs"], r["resourceNames"]
+            )
+        })
+        .collect();
+    insta::assert_debug_snapshot!("chart_role_rules", rules);
+    for rbac in objects
+        .iter()
+        .filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole")
+    {
+        for rule in rbac["rules"].as_array().unwrap() {
+            let text = rule.to_string();
+            assert!(!text.contains("secrets"), "no Secrets access: {text}");
+            assert!(!text.contains("\"*\""), "no wildcard: {text}");
+        }
+    }
+    let preflight = find(
+        &objects,
+        "ClusterRole",
+        "execution-demo-execution-provider-profile-preflight",
+    );
+    assert_eq!(
+        preflight["rules"][0]["resourceNames"],
+        serde_json::json!(["gvisor"])
+    );
+    assert_eq!(
+        preflight["rules"][1]["resourceNames"],
+        serde_json::json!(["standard"])
+    );
+    for rule in preflight["rules"].as_array().unwrap() {
+        assert_eq!(rule["verbs"], serde_json::json!(["get"]));
+    }
+    let executor = find(
+        &objects,
+        "ServiceAccount",
+        "demo-execution-provider-executor",
+    );
+    assert_eq!(executor["automountServiceAccountToken"], false);
+    assert!(executor.get("imagePullSecrets").is_none());
+    assert!(
+        !objects
+            .iter()
+            .filter(|o| o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding")
+            .any(|b| b.to_string().contains("demo-execution-provider-executor")),
+        "the executor account is bound to nothing"
+    );
+}
+
+#[test]
+fn the_chart_has_no_hooks_no_pvcs_and_no_open_egress() {
+    let Some(helm) = helm("the_chart_has_no_hooks_no_pvcs_and_no_open_egress") else {
+        return;
+    };
+    let rendered = render(&helm, &[]).expect("renders");
+    assert!(!rendered.contains("helm.sh/hook"));
+    assert!(!rendered.contains("0.0.0.0/0"));
+    let objects = objects(&rendered);
+    assert!(!objects.iter().any(|o| o["kind"] == "PersistentVolumeClaim"));
+    let deny = find(
+        &objects,
+        "NetworkPolicy",
+        "demo-execution-provider-workload-default-deny",
+    );
+    assert_eq!(deny["spec"]["egress"], serde_json::json!([]));
+    assert_eq!(deny["spec"]["ingress"], serde_json::json!([]));
+    for kept in [
+        ("ConfigMap", "mecatl-execution-profile-allocations"),
+        ("ConfigMap", "demo-execution-provider-security-authority"),
+        ("ServiceAccount", "demo-execution-provider-executor"),
+    ] {
+        let object = find(&objects, kept.0, kept.1);
+        assert_eq!(
+            object["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{kept:?}"
+        );
+    }
+    assert!(find(&objects, "ResourceQuota", "demo-execution-provider").is_object());
+    assert!(find(&objects, "LimitRange", "demo-execution-provider").is_object());
+}
+
+#[test]
+fn the_values_schema_refuses_bad_values() {
+    let Some(helm) = helm("the_values_schema_refuses_bad_values") else {
+        return;
+    };
+    let cases: [&[&str]; 6] = [
+        &["--set", "provider.replicas=1"],
+        &["--set", "provider.image=registry.example/provider:latest"],
+        &["--set", "surprise=1"],
+        &["--set", "provider.surprise=1"],
+        &["--set-json", "provider.apiServerCIDRs=[]"],
+        &[
+            "--set-json",
+            "networkPolicy.workloadProfiles={\"default\":{\"egress\":[{\"cidr\":\"0.0.0.0/0\",\"ports\":[{\"port\":443}]}]}}",
+        ],
+    ];
+    for extra in cases {
+        assert!(render(&helm, extra).is_err(), "{extra:?} is refused");
+    }
+    assert!(render(&helm, &[]).is_ok());
+}

@@ -1,0 +1,97 @@
+//! What the provider is configured with in the suite: a development PKI and security manifest
+//! (made by the same code as `dev`'s state directory) and a template catalogue whose one
+//! template, `default`, uses the cluster's storage class (kwok's `kwok-volume` here, kind's
+//! `standard` there) and a RuntimeClass the suite creates, with the canonical revision id
+//! computed by the crate.
+
+use std::path::{Path, PathBuf};
+
+use execution_provider::cli::state_dir::StateDir;
+use execution_provider::templates::revision::canonical_template_revision;
+use execution_provider::templates::spec::ProfileSpec;
+
+/// The RuntimeClass the suite's template names (handler `runc`; kwok ignores it).
+pub const RUNTIME_CLASS: &str = "e2e-runc";
+
+/// The storage class of the suite's template: `E2E_STORAGE_CLASS`, else kwok's provisioner.
+pub fn storage_class() -> String {
+    std::env::var("E2E_STORAGE_CLASS").unwrap_or_else(|_| "kwok-volume".to_owned())
+}
+
+/// The executor image of the suite's template: `E2E_EXECUTOR_IMAGE` (kind loads a real one),
+/// else a digest-pinned name that kwok never pulls.
+pub fn executor_image() -> String {
+    std::env::var("E2E_EXECUTOR_IMAGE").unwrap_or_else(|_| {
+        format!(
+            "registry.invalid/execution/executor@sha256:{}",
+            "0123456789abcdef".repeat(4)
+        )
+    })
+}
+
+/// The `execution:` block of the suite's template.
+pub fn execution_yaml() -> String {
+    format!(
+        "image: {image}\nstorageClass: {class}\nstorageSize: 1Gi\ncpuRequest: 50m\ncpuLimit: \"1\"\n\
+         memoryRequest: 64Mi\nmemoryLimit: 512Mi\nephemeralStorageRequest: 64Mi\n\
+         ephemeralStorageLimit: 1Gi\ntmpSizeLimit: 64Mi\nruntimeClassName: {RUNTIME_CLASS}\n\
+         maxFileBytes: 5242880\nmaxCommandBytes: 1048576\nmaxCommandDuration: 1m\n\
+         maxEnvironments: 20\n",
+        image = executor_image(),
+        class = storage_class(),
+    )
+}
+
+/// The suite's template catalogue, with the revision key the crate computes.
+pub fn templates_yaml() -> String {
+    let execution = execution_yaml();
+    let spec: ProfileSpec = serde_saphyr::from_str(&execution).expect("the e2e execution block");
+    let revision = canonical_template_revision(&spec.validate().expect("a valid execution block"));
+    let indented: String = execution
+        .lines()
+        .map(|line| format!("          {line}\n"))
+        .collect();
+    format!(
+        "templates:\n  default:\n    default: {revision}\n    revisions:\n      {revision}:\n        \
+         display:\n          name: End-to-end sandbox\n          description: The e2e suite's template.\n        \
+         execution:\n{indented}"
+    )
+}
+
+/// A provider's configuration files: PKI, security manifest and templates.
+pub struct ProviderFiles {
+    pub state: StateDir,
+}
+
+impl ProviderFiles {
+    /// Creates them in the empty or absent directory `dir`.
+    pub fn create(dir: &Path) -> Self {
+        let state = StateDir::open_or_init(dir).expect("a fresh state directory");
+        std::fs::write(state.templates_path(), templates_yaml()).unwrap();
+        Self { state }
+    }
+
+    pub fn templates(&self) -> PathBuf {
+        self.state.templates_path()
+    }
+
+    pub fn security_dir(&self) -> PathBuf {
+        self.state.security_dir()
+    }
+
+    pub fn manifest(&self) -> PathBuf {
+        self.state.manifest_path()
+    }
+}
+
+#[test]
+fn the_suite_template_catalogue_loads_with_the_revision_the_crate_computes() {
+    let registry = execution_provider::templates::TemplateRegistry::from_yaml_str(
+        &templates_yaml(),
+        "e2e templates",
+    )
+    .expect("the catalogue loads");
+    let default = registry.default_template("default").unwrap();
+    assert_eq!(default.execution().runtime_class_name(), RUNTIME_CLASS);
+    assert!(default.revision().starts_with("v1-"));
+}

@@ -1,0 +1,343 @@
+//! Shared harness of the reconciler tests: the in-process API server with the classes and
+//! ledger an operator provides, template registries built in code, environments as the store
+//! creates them, and helpers that play the kubelet's part (Pod Ready, Pod terminated).
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use execution_provider::kube::apiserver::ApiServer;
+use execution_provider::kube::crd::{
+    ConditionStatus, Desired, EnvironmentCondition, ExecutionEnvironment, ExecutionEnvironmentSpec,
+    ExecutorResources, LEDGER_CONFIGMAP_NAME, SCHEMA_VERSION, condition, ledger_key, pod_name,
+    pvc_name,
+};
+use execution_provider::reconciler::{Reconciler, ReconcilerConfig};
+use execution_provider::runtime::{Runtime, SeededIds, clock::OffsetClock};
+use execution_provider::templates::{ProfileSpec, TemplateRegistry, canonical_template_revision};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde_json::{Value, json};
+
+pub const NAMESPACE: &str = "execution";
+pub const EXECUTOR_ACCOUNT: &str = "execution-executor";
+pub const ENV: &str = "exec-00112233445566778899aabbccddeeff00112233";
+pub const TEMPLATE: &str = "sandbox";
+
+/// The execution block of the test template; `edit` changes it before the key is computed.
+pub fn execution(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut value = json!({
+        "image": format!("registry.test/executor@sha256:{}", "a".repeat(64)),
+        "storageClass": "standard",
+        "storageSize": "1Gi",
+        "cpuRequest": "100m",
+        "cpuLimit": "1",
+        "memoryRequest": "128Mi",
+        "memoryLimit": "512Mi",
+        "ephemeralStorageRequest": "256Mi",
+        "ephemeralStorageLimit": "1Gi",
+        "tmpSizeLimit": "256Mi",
+        "runtimeClassName": "sandboxed",
+        "maxFileBytes": 5_242_880,
+        "maxCommandBytes": 1_048_576,
+        "maxCommandDuration": "5m",
+        "maxEnvironments": 100,
+    });
+    edit(&mut value);
+    value
+}
+
+/// The revision key of an execution block.
+pub fn key_of(execution: &Value) -> String {
+    let spec: ProfileSpec = serde_json::from_value(execution.clone()).expect("profile spec");
+    canonical_template_revision(&spec.validate().expect("valid spec"))
+}
+
+/// A registry whose template [`TEMPLATE`] has these revisions (the first is the default);
+/// each entry is (execution, revoked).
+pub fn registry_of(revisions: &[(Value, bool)]) -> TemplateRegistry {
+    let mut map = serde_json::Map::new();
+    for (execution, revoked) in revisions {
+        let mut entry = json!({"execution": execution});
+        if *revoked {
+            entry["revoked"] = json!(true);
+        }
+        map.insert(key_of(execution), entry);
+    }
+    let default = revisions
+        .iter()
+        .find(|(_, revoked)| !revoked)
+        .map(|(e, _)| key_of(e));
+    let mut template = json!({"revisions": map});
+    if let Some(default) = default {
+        template["default"] = json!(default);
+    }
+    let file = json!({"templates": {TEMPLATE: template}});
+    TemplateRegistry::from_yaml_str(&file.to_string(), "test templates").expect("registry")
+}
+
+/// The default test registry: one revision of [`execution`] unchanged.
+pub fn registry() -> TemplateRegistry {
+    registry_of(&[(execution(|_| {}), false)])
+}
+
+/// An API server, client, clock and the operator-provided objects.
+pub struct World {
+    pub api: ApiServer,
+    pub client: kube::Client,
+    pub runtime: Runtime,
+}
+
+impl World {
+    /// An empty cluster with the `sandboxed` RuntimeClass, the `standard` StorageClass and the
+    /// capacity ledger.
+    pub async fn new() -> Self {
+        let world = Self::bare();
+        world.add_runtime_class("sandboxed", None).await;
+        world.add_storage_class("standard").await;
+        world.add_ledger(&[]).await;
+        world
+    }
+
+    /// An empty cluster.
+    pub fn bare() -> Self {
+        let clock = Arc::new(OffsetClock::starting_at(
+            UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+        ));
+        let ids = Arc::new(SeededIds::new(11));
+        let api = ApiServer::in_memory(clock.clone(), ids.clone());
+        let client = api.client(NAMESPACE);
+        Self {
+            api,
+            client,
+            runtime: Runtime { clock, ids },
+        }
+    }
+
+    pub fn now(&self) -> SystemTime {
+        self.runtime.clock.wall()
+    }
+
+    pub async fn add_runtime_class(&self, name: &str, scheduling: Option<Value>) {
+        let mut class = json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+            "metadata": {"name": name}, "handler": "runsc"});
+        if let Some(scheduling) = scheduling {
+            class["scheduling"] = scheduling;
+        }
+        let class: RuntimeClass = serde_json::from_value(class).unwrap();
+        Api::<RuntimeClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+
+    pub async fn add_storage_class(&self, name: &str) {
+        let class: StorageClass = serde_json::from_value(json!({"apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass", "metadata": {"name": name}, "provisioner": "test"}))
+        .unwrap();
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+
+    /// The ledger with `names` reserved for [`TEMPLATE`].
+    pub async fn add_ledger(&self, names: &[&str]) {
+        let data = BTreeMap::from([(ledger_key(TEMPLATE), serde_json::to_string(names).unwrap())]);
+        let map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(LEDGER_CONFIGMAP_NAME.to_owned()),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            ..ConfigMap::default()
+        };
+        Api::<ConfigMap>::namespaced(self.client.clone(), NAMESPACE)
+            .create(&PostParams::default(), &map)
+            .await
+            .unwrap();
+    }
+
+    pub async fn ledger_names(&self) -> Vec<String> {
+        let map = Api::<ConfigMap>::namespaced(self.client.clone(), NAMESPACE)
+            .get(LEDGER_CONFIGMAP_NAME)
+            .await
+            .unwrap();
+        let text = map
+            .data
+            .unwrap_or_default()
+            .get(&ledger_key(TEMPLATE))
+            .cloned()
+            .unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or_default()
+    }
+
+    pub fn reconciler(&self, templates: &TemplateRegistry, account: &str) -> Arc<Reconciler> {
+        Reconciler::new(
+            self.client.clone(),
+            ReconcilerConfig {
+                namespace: NAMESPACE.to_owned(),
+                executor_service_account: account.to_owned(),
+            },
+            Arc::new(templates.clone()),
+            self.runtime.clone(),
+        )
+    }
+
+    pub fn envs(&self) -> Api<ExecutionEnvironment> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    pub fn pvcs(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    /// Creates [`ENV`] on the default revision of `templates`, as the store does (finalizer,
+    /// then status schema 2, epoch 1), reserved in the ledger.
+    pub async fn create_env(&self, templates: &TemplateRegistry) -> ExecutionEnvironment {
+        let revision = templates.default_template(TEMPLATE).unwrap();
+        self.create_env_on(
+            revision.revision(),
+            revision.digest(),
+            revision.execution().image(),
+        )
+        .await
+    }
+
+    pub async fn create_env_on(
+        &self,
+        revision: &str,
+        digest: &str,
+        image: &str,
+    ) -> ExecutionEnvironment {
+        let hex = "0".repeat(64);
+        let object = ExecutionEnvironment {
+            metadata: ObjectMeta {
+                name: Some(ENV.to_owned()),
+                namespace: Some(NAMESPACE.to_owned()),
+                finalizers: Some(vec!["execution.mecatl.dev/retain-workspace".to_owned()]),
+                ..ObjectMeta::default()
+            },
+            spec: ExecutionEnvironmentSpec {
+                schema_version: SCHEMA_VERSION,
+                allocation_id: ENV.to_owned(),
+                revision: "0123456789abcdef0123456789abcdef".to_owned(),
+                owner_hash: hex.clone(),
+                owner_issuer: None,
+                owner_subject: None,
+                client_hash: hex.clone(),
+                binding_id: "binding".to_owned(),
+                request_fingerprint: hex,
+                template_id: TEMPLATE.to_owned(),
+                template_revision: revision.to_owned(),
+                template_digest: digest.to_owned(),
+                image: image.to_owned(),
+                storage_class: "standard".to_owned(),
+                storage_size: "1Gi".to_owned(),
+                resources: ExecutorResources {
+                    cpu_request: "100m".to_owned(),
+                    memory_request: "128Mi".to_owned(),
+                    cpu_limit: "1".to_owned(),
+                    memory_limit: "512Mi".to_owned(),
+                },
+                desired: Desired::Active,
+            },
+            status: None,
+        };
+        self.envs()
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+        self.edit_status(|s| {
+            s.schema_version = Some(SCHEMA_VERSION);
+            s.epoch = Some(1);
+            s.grant_generation = Some(1);
+        })
+        .await
+    }
+
+    /// Changes the status directly (playing the store's part).
+    pub async fn edit_status(
+        &self,
+        edit: impl FnOnce(&mut execution_provider::kube::crd::ExecutionEnvironmentStatus),
+    ) -> ExecutionEnvironment {
+        let mut env = self.env().await;
+        edit(env.status.get_or_insert_with(Default::default));
+        self.envs()
+            .replace_status(ENV, &PostParams::default(), &env)
+            .await
+            .unwrap()
+    }
+
+    pub async fn env(&self) -> ExecutionEnvironment {
+        self.envs().get(ENV).await.unwrap()
+    }
+
+    pub async fn pod(&self) -> Option<Pod> {
+        self.pods().get_opt(&pod_name(ENV)).await.unwrap()
+    }
+
+    pub async fn pvc(&self) -> Option<PersistentVolumeClaim> {
+        self.pvcs().get_opt(&pvc_name(ENV)).await.unwrap()
+    }
+
+    /// Plays the kubelet: the executor Pod runs and is Ready.
+    pub async fn mark_pod_ready(&self) {
+        self.set_pod_status(json!({"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "executor", "ready": true, "restartCount": 0,
+                "image": "x", "imageID": "x", "state": {"running": {}}}]}))
+            .await;
+    }
+
+    /// Plays the kubelet: the executor container exited and the Pod is terminal.
+    pub async fn mark_pod_terminated(&self, phase: &str) {
+        self.set_pod_status(json!({"phase": phase,
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "executor", "ready": false, "restartCount": 0,
+                "image": "x", "imageID": "x", "state": {"terminated": {"exitCode": 0}}}]}))
+            .await;
+    }
+
+    async fn set_pod_status(&self, status: Value) {
+        let mut pod = self.pod().await.expect("pod exists");
+        pod.status = Some(serde_json::from_value(status).unwrap());
+        self.pods()
+            .replace_status(&pod_name(ENV), &PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+
+    /// Replaces the Pod object (for shape tampering); keeps its status.
+    pub async fn replace_pod(&self, edit: impl FnOnce(&mut Pod)) {
+        let mut pod = self.pod().await.expect("pod exists");
+        edit(&mut pod);
+        self.pods()
+            .replace(&pod_name(ENV), &PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+}
+
+/// The condition `type_` of `env`.
+pub fn cond(env: &ExecutionEnvironment, type_: &str) -> Option<EnvironmentCondition> {
+    env.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
+}
+
+/// (status, reason) of the Ready condition.
+pub fn ready(env: &ExecutionEnvironment) -> Option<(ConditionStatus, String)> {
+    cond(env, condition::READY).map(|c| (c.status, c.reason))
+}

@@ -1,0 +1,209 @@
+//! The capacity ledger (store §2.5, DECISIONS 16) through the real store against the
+//! in-process API server: reservation before create, self-healing from live environments,
+//! release only on a definitive rejection or a lost template race, and a missing ledger
+//! that fails clearly and is never created.
+
+mod store_support;
+
+use execution_provider::errors::ErrorCode;
+use execution_provider::kube::crd::LEDGER_CONFIGMAP_NAME;
+use execution_provider::store::naming::allocation_name;
+use store_support::*;
+
+#[tokio::test]
+async fn an_allocation_reserves_its_slot_before_the_environment_exists() {
+    let world = World::new().await;
+    let store = world.store();
+    let req = ensure_request(&world, CLIENT, "alice", "b1", "roomy", "op-1");
+    let a = store.ensure_template(&req).await.expect("ensure");
+    assert_eq!(world.ledger("roomy").await, vec![a.env.id.clone()]);
+    assert_eq!(world.names().await, vec![a.env.id]);
+}
+
+#[tokio::test]
+async fn the_capacity_is_the_least_limit_over_every_revision_of_the_template() {
+    let world = World::new().await;
+    let store = world.store();
+    store
+        .ensure_template(&ensure_request(
+            &world, CLIENT, "alice", "b1", "small", "op-1",
+        ))
+        .await
+        .expect("first");
+    let err = store
+        .ensure_template(&ensure_request(
+            &world, CLIENT, "alice", "b2", "small", "op-2",
+        ))
+        .await
+        .expect_err("second exceeds the pooled limit of 1");
+    assert_eq!(err.code(), ErrorCode::ResourceExhausted);
+    assert_eq!(world.names().await.len(), 1, "no environment was created");
+    assert_eq!(world.ledger("small").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_replayed_allocation_does_not_take_a_second_slot() {
+    let world = World::new().await;
+    let store = world.store();
+    let req = ensure_request(&world, CLIENT, "alice", "b1", "pair", "op-1");
+    let first = store.ensure_template(&req).await.expect("first");
+    let again = world.store().ensure_template(&req).await.expect("replay");
+    assert_eq!(first, again);
+    assert_eq!(world.ledger("pair").await, vec![first.env.id]);
+}
+
+#[tokio::test]
+async fn an_environment_missing_from_the_ledger_still_counts_against_the_limit() {
+    let world = World::new().await;
+    let store = world.store();
+    store
+        .ensure_template(&ensure_request(
+            &world, CLIENT, "alice", "b1", "small", "op-1",
+        ))
+        .await
+        .expect("first");
+    // The ledger loses its entry (an operator edit): the live environment still counts.
+    let mut map = world
+        .config_maps()
+        .get(LEDGER_CONFIGMAP_NAME)
+        .await
+        .expect("ledger");
+    map.data = None;
+    world
+        .config_maps()
+        .replace(LEDGER_CONFIGMAP_NAME, &Default::default(), &map)
+        .await
+        .expect("wipe");
+    let err = store
+        .ensure_template(&ensure_request(
+            &world, CLIENT, "bob", "b2", "small", "op-2",
+        ))
+        .await
+        .expect_err("limit 1 is already used");
+    assert_eq!(err.code(), ErrorCode::ResourceExhausted);
+}
+
+#[tokio::test]
+async fn a_definitive_create_failure_releases_the_slot() {
+    let world = World::new().await;
+    world.fail_write(1, Fault::Status(403), "executionenvironments");
+    let req = ensure_request(&world, CLIENT, "alice", "b1", "roomy", "op-1");
+    let err = world
+        .store()
+        .ensure_template(&req)
+        .await
+        .expect_err("forbidden");
+    assert_eq!(err.code(), ErrorCode::Internal);
+    assert!(world.ledger("roomy").await.is_empty(), "slot released");
+    assert!(world.names().await.is_empty());
+}
+
+#[tokio::test]
+async fn an_ambiguous_create_failure_keeps_the_slot() {
+    let world = World::new().await;
+    world.fail_write(1, Fault::Transport, "executionenvironments");
+    let req = ensure_request(&world, CLIENT, "alice", "b1", "roomy", "op-1");
+    let err = world
+        .store()
+        .ensure_template(&req)
+        .await
+        .expect_err("transport");
+    assert_eq!(err.code(), ErrorCode::Internal);
+    let name = allocation_name(CLIENT, &req.caller.owner_hash, "b1");
+    assert_eq!(world.ledger("roomy").await, vec![name], "slot kept");
+    world.clear_faults();
+    let a = world
+        .store()
+        .ensure_template(&req)
+        .await
+        .expect("retry converges");
+    assert_eq!(world.ledger("roomy").await, vec![a.env.id]);
+}
+
+#[tokio::test]
+async fn a_binding_won_by_another_template_releases_the_losing_reservation() {
+    let world = World::new().await;
+    let store = world.store();
+    let winner = ensure_request(&world, CLIENT, "alice", "b1", "other", "op-1");
+    store.ensure_template(&winner).await.expect("winner");
+    let loser = ensure_request(&world, CLIENT, "alice", "b1", "pair", "op-2");
+    let err = store
+        .ensure_template(&loser)
+        .await
+        .expect_err("binding taken");
+    assert_eq!(err.code(), ErrorCode::AlreadyExists);
+    assert!(world.ledger("pair").await.is_empty());
+    assert_eq!(world.ledger("other").await.len(), 1, "winner's slot intact");
+}
+
+#[tokio::test]
+async fn a_missing_ledger_refuses_allocation_and_is_never_created() {
+    let world = World::without_ledger();
+    let store = world.store();
+    let err = store
+        .ensure_template(&ensure_request(
+            &world, CLIENT, "alice", "b1", "roomy", "op-1",
+        ))
+        .await
+        .expect_err("no ledger");
+    assert_eq!(err.code(), ErrorCode::NotReady);
+    assert!(store.ledger().check_present().await.is_err());
+    assert!(
+        world
+            .config_maps()
+            .get_opt(LEDGER_CONFIGMAP_NAME)
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(world.names().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_corrupt_ledger_entry_fails_closed() {
+    let world = World::new().await;
+    let mut map = world
+        .config_maps()
+        .get(LEDGER_CONFIGMAP_NAME)
+        .await
+        .expect("ledger");
+    let key = execution_provider::kube::crd::ledger_key("roomy");
+    map.data = Some([(key, "{\"not\":\"an array\"}".to_owned())].into());
+    world
+        .config_maps()
+        .replace(LEDGER_CONFIGMAP_NAME, &Default::default(), &map)
+        .await
+        .expect("corrupt");
+    let err = world
+        .store()
+        .ensure_template(&ensure_request(
+            &world, CLIENT, "alice", "b1", "roomy", "op-1",
+        ))
+        .await
+        .expect_err("corrupt");
+    assert_eq!(err.code(), ErrorCode::NotReady);
+    assert!(world.names().await.is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_reservations_enforce_the_hard_limit() {
+    let world = World::new().await;
+    let (s1, s2) = (world.store(), world.store());
+    let r1 = ensure_request(&world, CLIENT, "alice", "b1", "small", "op-1");
+    let r2 = ensure_request(&world, CLIENT, "bob", "b2", "small", "op-2");
+    let (a, b) = tokio::join!(s1.ensure_template(&r1), s2.ensure_template(&r2));
+    assert_eq!(
+        [a.is_ok(), b.is_ok()].iter().filter(|ok| **ok).count(),
+        1,
+        "exactly one admitted"
+    );
+    let refused = a.err().or(b.err()).expect("one refused");
+    assert_eq!(refused.code(), ErrorCode::ResourceExhausted);
+    let mut names = world.names().await;
+    names.sort();
+    assert_eq!(
+        world.ledger("small").await,
+        names,
+        "ledger equals the live environments"
+    );
+}

@@ -1,0 +1,467 @@
+//! Shared harness of the store tests: the in-process API server behind a fault-injecting,
+//! request-counting tower layer, template registries with small capacities, a scripted
+//! executor, and helpers that play the reconciler's part (Ready, Pod identity).
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use execution_provider::executor::protocol::{ExecutorRequest, Operation};
+use execution_provider::kube::apiserver::{ApiServer, ResponseBody};
+use execution_provider::kube::crd::{
+    ConditionStatus, EnvironmentCondition, ExecutionEnvironment, LEDGER_CONFIGMAP_NAME,
+    ObjectIdentity, RfcTime,
+};
+use execution_provider::runtime::{Runtime, SeededIds, clock::OffsetClock};
+use execution_provider::store::claims::AcquireRequest;
+use execution_provider::store::ensure::EnsureRequest;
+use execution_provider::store::naming::owner_hash;
+use execution_provider::store::{Caller, Store};
+use execution_provider::store::{ClaimContext, EnvRef};
+use execution_provider::templates::{ProfileSpec, TemplateRegistry, canonical_template_revision};
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde_json::{Value, json};
+
+pub const NAMESPACE: &str = "execution";
+pub const CLIENT: &str = "spiffe://test.local/ns/default/client";
+pub const OTHER_CLIENT: &str = "spiffe://test.local/ns/default/other";
+pub const ISSUER: &str = "https://issuer.test";
+
+mod executor;
+#[allow(unused_imports)]
+pub use executor::{Script, ScriptedExecutor};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How an injected fault fails a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The request never gets an answer (ambiguous: it may or may not have been applied).
+    Transport,
+    /// The API server answers with this status; nothing is applied.
+    Status(u16),
+}
+
+/// What the fault layer saw and what it is told to break.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Requests by `METHOD kind`, e.g. `GET executionenvironments`.
+    pub counts: BTreeMap<String, usize>,
+    /// Writes seen so far (POST, PUT, PATCH, DELETE).
+    pub writes: usize,
+    /// Fail the write with this 1-based number (counted over writes whose path contains the
+    /// filter).
+    pub fail_write: Option<(usize, Fault, &'static str)>,
+    filtered_writes: usize,
+}
+
+impl Faults {
+    /// Total requests with `method` on paths containing `kind`.
+    pub fn count(&self, method: &str, kind: &str) -> usize {
+        self.counts
+            .iter()
+            .filter(|(k, _)| k.starts_with(method) && k.contains(kind))
+            .map(|(_, v)| *v)
+            .sum()
+    }
+
+    /// Forgets the counts.
+    pub fn reset_counts(&mut self) {
+        self.counts.clear();
+        self.writes = 0;
+        self.filtered_writes = 0;
+    }
+}
+
+/// The API server behind a counting, fault-injecting layer.
+#[derive(Clone)]
+pub struct FaultyApi {
+    inner: ApiServer,
+    faults: Arc<Mutex<Faults>>,
+}
+
+fn resource_of(path: &str) -> &str {
+    for kind in [
+        "executionenvironments",
+        "configmaps",
+        "pods",
+        "persistentvolumeclaims",
+    ] {
+        if path.contains(kind) {
+            return kind;
+        }
+    }
+    "other"
+}
+
+impl<B> tower::Service<Request<B>> for FaultyApi
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let method = request.method().as_str().to_owned();
+        let path = request.uri().path().to_owned();
+        let fault = {
+            let mut faults = self.faults.lock().expect("faults");
+            *faults
+                .counts
+                .entry(format!("{method} {}", resource_of(&path)))
+                .or_default() += 1;
+            let write = method != "GET";
+            let mut fault = None;
+            if write {
+                faults.writes += 1;
+                if let Some((n, f, filter)) = faults.fail_write
+                    && path.contains(filter)
+                {
+                    faults.filtered_writes += 1;
+                    if faults.filtered_writes == n {
+                        fault = Some(f);
+                    }
+                }
+            }
+            fault
+        };
+        let mut inner = self.inner.clone();
+        Box::pin(async move {
+            match fault {
+                Some(Fault::Transport) => Err::<_, BoxError>("injected transport failure".into()),
+                Some(Fault::Status(code)) => Ok(status_response(code)),
+                None => {
+                    let response = tower::Service::call(&mut inner, request)
+                        .await
+                        .map_err(|e: Infallible| -> BoxError { match e {} })?;
+                    Ok(response)
+                }
+            }
+        })
+    }
+}
+
+fn status_response(code: u16) -> Response<ResponseBody> {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "injected failure", "reason": "Forbidden", "code": code
+    });
+    let bytes = Bytes::from(serde_json::to_vec(&body).expect("json"));
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(
+            http_body_util::Full::new(bytes)
+                .map_err(|e| match e {})
+                .boxed_unsync(),
+        )
+        .expect("response")
+}
+
+/// One test world: a server, a clock, the fault layer and the templates.
+pub struct World {
+    pub server: ApiServer,
+    pub clock: Arc<OffsetClock>,
+    pub faults: Arc<Mutex<Faults>>,
+    pub templates: Arc<TemplateRegistry>,
+    pub executor: Arc<ScriptedExecutor>,
+    seed: Mutex<u64>,
+}
+
+/// The wall-clock origin of every test world.
+pub fn origin() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn execution(max_environments: i64, image_byte: char) -> Value {
+    let digest: String = std::iter::repeat_n(image_byte, 64).collect();
+    json!({
+        "image": format!("registry.example/execution/executor@sha256:{digest}"),
+        "storageClass": "standard", "storageSize": "1Gi",
+        "cpuRequest": "100m", "cpuLimit": "1", "memoryRequest": "128Mi", "memoryLimit": "512Mi",
+        "ephemeralStorageRequest": "256Mi", "ephemeralStorageLimit": "1Gi", "tmpSizeLimit": "64Mi",
+        "runtimeClassName": "gvisor", "maxFileBytes": 1024, "maxCommandBytes": 1024,
+        "maxCommandDuration": "5m", "maxEnvironments": max_environments
+    })
+}
+
+fn key_of(execution: &Value) -> String {
+    let spec: ProfileSpec = serde_json::from_value(execution.clone()).expect("profile spec");
+    canonical_template_revision(&spec.validate().expect("valid spec"))
+}
+
+/// The revision id of template `id` in [`registry`] (its default revision).
+pub fn revision_of(registry: &TemplateRegistry, id: &str) -> String {
+    registry.default_revision(id).expect("default").to_owned()
+}
+
+/// Templates: `roomy` (limit 100), `small` (two revisions, limits 1 and 2: capacity 1),
+/// `pair` (limit 2) and `other` (limit 100).
+pub fn registry() -> TemplateRegistry {
+    let one = |limit: i64, byte: char| {
+        let e = execution(limit, byte);
+        let key = key_of(&e);
+        (
+            key.clone(),
+            json!({"default": key, "revisions": {key: {"execution": e}}}),
+        )
+    };
+    let small_a = execution(1, 'b');
+    let small_b = execution(2, 'c');
+    let (ka, kb) = (key_of(&small_a), key_of(&small_b));
+    let file = json!({"templates": {
+        "roomy": one(100, 'a').1,
+        "small": {"default": kb, "revisions": {ka: {"execution": small_a}, kb: {"execution": small_b}}},
+        "pair": one(2, 'd').1,
+        "other": one(100, 'e').1,
+    }});
+    TemplateRegistry::from_yaml_str(&file.to_string(), "store-tests").expect("registry")
+}
+
+impl World {
+    /// A fresh world with the capacity ledger ConfigMap present.
+    pub async fn new() -> World {
+        let world = World::without_ledger();
+        world.create_ledger().await;
+        world
+    }
+
+    /// A fresh world without the capacity ledger ConfigMap.
+    pub fn without_ledger() -> World {
+        let clock = Arc::new(OffsetClock::starting_at(origin()));
+        let server = ApiServer::in_memory(clock.clone(), Arc::new(SeededIds::new(1)));
+        World {
+            server,
+            clock,
+            faults: Arc::default(),
+            templates: Arc::new(registry()),
+            executor: Arc::new(ScriptedExecutor::default()),
+            seed: Mutex::new(100),
+        }
+    }
+
+    /// A client through the fault layer.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(
+            FaultyApi {
+                inner: self.server.clone(),
+                faults: self.faults.clone(),
+            },
+            NAMESPACE,
+        )
+    }
+
+    /// A fresh store instance (a new replica, or the same one after a crash).
+    pub fn store(&self) -> Store {
+        let seed = {
+            let mut s = self.seed.lock().expect("seed");
+            *s += 1;
+            *s
+        };
+        let runtime = Runtime {
+            clock: self.clock.clone(),
+            ids: Arc::new(SeededIds::new(seed)),
+        };
+        Store::new(
+            self.client(),
+            NAMESPACE,
+            self.templates.clone(),
+            self.executor.clone(),
+            runtime,
+        )
+    }
+
+    pub fn environments(&self) -> Api<ExecutionEnvironment> {
+        Api::namespaced(self.server.client(NAMESPACE), NAMESPACE)
+    }
+
+    pub fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.server.client(NAMESPACE), NAMESPACE)
+    }
+
+    pub async fn create_ledger(&self) {
+        let map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(LEDGER_CONFIGMAP_NAME.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        self.config_maps()
+            .create(&PostParams::default(), &map)
+            .await
+            .expect("create ledger");
+    }
+
+    /// The raw ledger entry of `template_id`.
+    pub async fn ledger(&self, template_id: &str) -> Vec<String> {
+        let map = self
+            .config_maps()
+            .get(LEDGER_CONFIGMAP_NAME)
+            .await
+            .expect("ledger");
+        let key = execution_provider::kube::crd::ledger_key(template_id);
+        map.data
+            .and_then(|d| d.get(&key).cloned())
+            .map(|v| serde_json::from_str(&v).expect("entry"))
+            .unwrap_or_default()
+    }
+
+    pub async fn get(&self, name: &str) -> ExecutionEnvironment {
+        self.environments().get(name).await.expect("environment")
+    }
+
+    pub async fn names(&self) -> Vec<String> {
+        self.environments()
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .into_iter()
+            .filter_map(|o| o.metadata.name)
+            .collect()
+    }
+
+    /// Plays the reconciler: records a Pod and PVC identity and sets Ready=True.
+    pub async fn make_ready(&self, name: &str) {
+        let api = self.environments();
+        let mut o = api.get(name).await.expect("environment");
+        let now = RfcTime::from_system_time(self.clock_now());
+        let status = o.status.get_or_insert_with(Default::default);
+        status.pod = Some(ObjectIdentity {
+            name: format!("executor-{name}"),
+            uid: format!("pod-uid-{name}"),
+        });
+        status.pvc = Some(ObjectIdentity {
+            name: format!("workspace-{name}"),
+            uid: format!("pvc-uid-{name}"),
+        });
+        status.conditions.retain(|c| c.type_ != "Ready");
+        status.conditions.push(EnvironmentCondition {
+            type_: "Ready".to_owned(),
+            status: ConditionStatus::True,
+            reason: "Reconciled".to_owned(),
+            message: String::new(),
+            observed_generation: 1,
+            last_transition_time: now,
+        });
+        api.replace_status(name, &PostParams::default(), &o)
+            .await
+            .expect("ready");
+    }
+
+    pub fn clock_now(&self) -> SystemTime {
+        use execution_provider::runtime::Clock;
+        self.clock.wall()
+    }
+
+    pub fn fail_write(&self, n: usize, fault: Fault, filter: &'static str) {
+        let mut f = self.faults.lock().expect("faults");
+        f.filtered_writes = 0;
+        f.fail_write = Some((n, fault, filter));
+    }
+
+    pub fn clear_faults(&self) {
+        self.faults.lock().expect("faults").fail_write = None;
+    }
+}
+
+/// The caller `subject` of `client`.
+pub fn caller_of(client: &str, subject: &str) -> Caller {
+    Caller {
+        client: client.to_owned(),
+        owner_hash: owner_hash(ISSUER, subject),
+    }
+}
+
+/// An allocation request of `binding` on template `template_id` for `subject`.
+pub fn ensure_request(
+    world: &World,
+    client: &str,
+    subject: &str,
+    binding: &str,
+    template_id: &str,
+    operation_id: &str,
+) -> EnsureRequest {
+    EnsureRequest {
+        caller: caller_of(client, subject),
+        owner_issuer: ISSUER.to_owned(),
+        owner_subject: subject.to_owned(),
+        binding_id: binding.to_owned(),
+        template_id: template_id.to_owned(),
+        template_revision: revision_of(&world.templates, template_id),
+        operation_id: operation_id.to_owned(),
+    }
+}
+
+/// An environment made by `subject`'s `binding`, committed, Ready, with a live claim of
+/// `ttl`: what every data-plane test starts from.
+pub struct Claimed {
+    pub caller: Caller,
+    pub env: EnvRef,
+    pub rc: ClaimContext,
+}
+
+pub async fn claimed(world: &World, store: &Store, subject: &str, binding: &str) -> Claimed {
+    claimed_for(world, store, subject, binding, Duration::from_secs(300)).await
+}
+
+pub async fn claimed_for(
+    world: &World,
+    store: &Store,
+    subject: &str,
+    binding: &str,
+    ttl: Duration,
+) -> Claimed {
+    let req = ensure_request(world, CLIENT, subject, binding, "roomy", "op-ensure");
+    let a = store.ensure_template(&req).await.expect("ensure");
+    store
+        .commit_reference(&a.env, &req.caller, binding, "op-ensure")
+        .await
+        .expect("commit");
+    world.make_ready(&a.env.id).await;
+    let claim = store
+        .acquire_run(&AcquireRequest {
+            env: a.env.clone(),
+            caller: req.caller.clone(),
+            binding_id: binding.to_owned(),
+            run_id: "run-1".to_owned(),
+            operation_id: "op-acquire".to_owned(),
+            ttl,
+        })
+        .await
+        .expect("acquire");
+    Claimed {
+        caller: req.caller,
+        env: a.env.clone(),
+        rc: ClaimContext {
+            env: a.env,
+            binding_id: binding.to_owned(),
+            run_id: claim.run_id,
+            claim_id: claim.claim_id,
+            epoch: claim.epoch,
+            grant_generation: claim.grant_generation,
+        },
+    }
+}
+
+/// A `file.stat` of `path`.
+pub fn stat(path: &str) -> ExecutorRequest {
+    ExecutorRequest::at(Operation::FileStat, path)
+}
