@@ -15,7 +15,7 @@ use crate::executor::PodExecutor;
 use crate::provider::{self, Dependencies, Settings, Shutdown};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
-use crate::security::{self, Security};
+use crate::security::{self, Security, SecurityManager, SecuritySettings, manager};
 use crate::templates::TemplateRegistry;
 
 /// Flags of `serve`; each also reads an `EXECUTION_PROVIDER_*` environment variable.
@@ -58,6 +58,21 @@ pub struct ServeArgs {
         default_value = "0.0.0.0:8443"
     )]
     pub listen: SocketAddr,
+    /// The ConfigMap holding the durable high-water mark of the security authority.
+    #[arg(
+        long,
+        env = "EXECUTION_PROVIDER_SECURITY_AUTHORITY_CONFIGMAP",
+        default_value = manager::DEFAULT_AUTHORITY_CONFIGMAP
+    )]
+    pub security_authority_configmap: String,
+    /// How often the security directory is reloaded (1ms to 1m), e.g. `2s`.
+    #[arg(
+        long,
+        env = "EXECUTION_PROVIDER_SECURITY_RELOAD_INTERVAL",
+        default_value = "2s",
+        value_parser = parse_reload_interval
+    )]
+    pub security_reload_interval: std::time::Duration,
     /// The plain-HTTP health address (`/live`, `/ready`); `off` disables it.
     #[arg(
         long,
@@ -65,6 +80,14 @@ pub struct ServeArgs {
         default_value = "0.0.0.0:8081"
     )]
     pub health_listen: String,
+}
+
+fn parse_reload_interval(text: &str) -> Result<std::time::Duration, String> {
+    let interval = super::client::parse_duration(text)?;
+    if interval.is_zero() || interval > std::time::Duration::from_secs(60) {
+        return Err(format!("`{text}` must be more than 0 and at most 1m"));
+    }
+    Ok(interval)
 }
 
 /// Checks the flags that have rules beyond their type.
@@ -129,6 +152,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("the security directory is not usable")?
         .with_ids(runtime.ids.clone());
     let kube = kube_client(args.kubeconfig.as_deref()).await?;
+    let security_manager = SecurityManager::new(
+        security.clone(),
+        kube.clone(),
+        SecuritySettings {
+            manifest_path: args.security_policy_manifest.clone(),
+            tls_dir: args.tls_directory.clone(),
+            namespace: args.namespace.clone(),
+            configmap: args.security_authority_configmap.clone(),
+            reload_interval: args.security_reload_interval,
+            staleness: manager::DEFAULT_STALENESS,
+        },
+    );
     let deps = Dependencies {
         runtime,
         executor: Arc::new(PodExecutor::new(kube.clone())),
@@ -143,6 +178,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let reconciler = provider::reconciler(&deps, &settings);
     // Preflight before anything listens: a failure ends the process with its reason.
     reconciler.initialize().await.context("cannot start")?;
+    // Then the first reload, which must succeed: it publishes this authority to the durable
+    // ledger (preflight itself writes nothing).
+    security_manager
+        .reload()
+        .await
+        .context("the security directory is not authoritative")?;
     let listener = TokioNet
         .bind(args.listen)
         .await
@@ -154,14 +195,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr} for health"))?;
         let ready = reconciler.clone();
-        let readiness: crate::health::Readiness =
-            Arc::new(move || (!ready.is_ready()).then(|| ready.readiness_reason().to_owned()));
+        let security = security_manager.security();
+        let readiness: crate::health::Readiness = Arc::new(move || {
+            if !ready.is_ready() {
+                return Some(ready.readiness_reason().to_owned());
+            }
+            (!security.ready()).then(|| "security-authority-or-expiry".to_owned())
+        });
         tokio::spawn(crate::health::serve::<TokioNet>(
             health,
             readiness,
             shutdown.clone().wait(),
         ));
     }
+    tokio::spawn(security_manager.clone().run(shutdown.clone().wait()));
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutting down");

@@ -80,6 +80,11 @@ impl SecurityManager {
         }
     }
 
+    /// The security state this manager keeps current.
+    pub fn security(&self) -> Security {
+        self.security.clone()
+    }
+
     /// Reloads once; on failure the authority is withdrawn (unless a newer one was
     /// installed meanwhile) and the cause returned.
     pub async fn reload(&self) -> Result<LedgerState, ReloadError> {
