@@ -77,7 +77,7 @@ async fn revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_worksp
     let pods = Api::<Pod>::namespaced(ns.client.clone(), &ns.name);
     let pod = pod_name(&name);
     eventually(
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         "the executor Pod to be gone",
         || {
             let pods = pods.clone();
@@ -92,7 +92,7 @@ async fn revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_worksp
         "retirement keeps the workspace"
     );
     eventually(
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         "the delete of the retired environment",
         || {
             let mut client = client.clone();
@@ -107,7 +107,7 @@ async fn revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_worksp
     )
     .await;
     eventually(
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         "the resource and PVC to be gone",
         || {
             let (resources, pvcs, name) = (resources.clone(), pvcs.clone(), name.clone());
