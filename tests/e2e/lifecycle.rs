@@ -13,11 +13,7 @@ use crate::cluster::{cluster_or_skip, eventually};
 use crate::common::{self, owner};
 use crate::flow::{Setup, read, run};
 
-// Quarantined: in about one run in four the executor Pod is still present 120 s after an
-// admitted retirement under kwok (cause not found yet; see docs/e2e.md). Run it with
-// `cargo test --test e2e -- --ignored` against a started control plane.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky under kwok: retirement sometimes stalls before the Pod is deleted"]
 async fn revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_workspace() {
     let Some(cluster) = cluster_or_skip("lifecycle") else {
         return;

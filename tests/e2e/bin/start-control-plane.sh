@@ -164,7 +164,8 @@ launch kwok "$KWOK_DIR/kwok" --kubeconfig="$WORK/kwok.kubeconfig" \
   --config="$S/node/fast/node-initialize.yaml" \
   --config="$S/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml" \
   --config="$S/pod/fast/pod-ready.yaml" --config="$S/pod/fast/pod-complete.yaml" \
-  --config="$S/pod/fast/pod-delete.yaml" --config="$here/stages/pod-terminate.yaml" \
+  --config="$here/stages/pod-delete-terminal.yaml" --config="$here/stages/pod-delete-unfinalized.yaml" \
+  --config="$here/stages/pod-terminate.yaml" \
   --config="$S/volume/fast/pvc-provision.yaml" --config="$S/volume/fast/pv-bind.yaml" \
   --config="$S/volume/fast/pvc-delete.yaml" --config="$S/volume/fast/pv-delete.yaml" \
   --enable-crds=Exec \
