@@ -2,65 +2,23 @@
 //! ConfigMap, RuntimeClasses and StorageClasses the templates name), and the convergence
 //! judgement of the liveness phase.
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::node::v1::RuntimeClass;
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, ObjectMeta, PostParams};
-
 use execution_provider::kube::apiserver::ApiServer;
-use execution_provider::kube::crd::{LABEL_ENVIRONMENT, LEDGER_CONFIGMAP_NAME};
+use execution_provider::kube::crd::LABEL_ENVIRONMENT;
+use execution_provider::kube::seed::seed_cluster;
 use execution_provider::templates::TemplateRegistry;
 
 use crate::world::NAMESPACE;
 
-fn meta(name: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_owned()),
-        ..ObjectMeta::default()
-    }
-}
-
-async fn create_if_absent<K>(api: &Api<K>, object: &K) -> Result<(), kube::Error>
-where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.create(&PostParams::default(), object).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
 /// Creates the cluster objects the provider expects (idempotent: the API server host may
 /// restart).
 pub async fn seed(kube: &kube::Client, templates: &TemplateRegistry) -> Result<(), kube::Error> {
-    let ledger = ConfigMap {
-        metadata: meta(LEDGER_CONFIGMAP_NAME),
-        ..ConfigMap::default()
-    };
-    create_if_absent(
-        &Api::<ConfigMap>::namespaced(kube.clone(), NAMESPACE),
-        &ledger,
+    seed_cluster(
+        kube,
+        NAMESPACE,
+        templates,
+        "sim.execution.mecatl.dev/memory",
     )
-    .await?;
-    let resources = templates.cluster_resources();
-    for name in &resources.runtime_classes {
-        let class = RuntimeClass {
-            metadata: meta(name),
-            handler: "runc".to_owned(),
-            ..RuntimeClass::default()
-        };
-        create_if_absent(&Api::<RuntimeClass>::all(kube.clone()), &class).await?;
-    }
-    for name in &resources.storage_classes {
-        let class = StorageClass {
-            metadata: meta(name),
-            provisioner: "sim.execution.mecatl.dev/memory".to_owned(),
-            ..StorageClass::default()
-        };
-        create_if_absent(&Api::<StorageClass>::all(kube.clone()), &class).await?;
-    }
-    Ok(())
+    .await
 }
 
 fn condition_true(env: &serde_json::Value, kind: &str) -> bool {

@@ -6,16 +6,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::node::v1::RuntimeClass;
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, ObjectMeta, PostParams};
-
 use super::state_dir::StateDir;
 use crate::executor::local::LocalTransport;
 use crate::kube::apiserver::ApiServer;
-use crate::kube::crd::LEDGER_CONFIGMAP_NAME;
 use crate::kube::node_agent::NodeAgent;
+use crate::kube::seed::seed_cluster;
 use crate::provider::{self, Dependencies, Settings, Shutdown, ShutdownTrigger};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
@@ -24,6 +19,8 @@ use crate::templates::TemplateRegistry;
 
 /// The namespace `dev` keeps its environments in.
 pub const DEV_NAMESPACE: &str = "execution";
+/// The provisioner named by the StorageClasses `dev` creates (workspaces are directories).
+pub const DEV_STORAGE_PROVISIONER: &str = "dev.execution.mecatl.dev/workspace-directory";
 /// The executor service account `dev` renders into Pods.
 pub const DEV_EXECUTOR_SERVICE_ACCOUNT: &str = "execution-executor";
 
@@ -96,7 +93,7 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
     )?;
     let kube = api.client(DEV_NAMESPACE);
     let templates = Arc::new(TemplateRegistry::load(state.templates_path())?);
-    seed_cluster(&kube, &templates).await?;
+    seed_cluster(&kube, DEV_NAMESPACE, &templates, DEV_STORAGE_PROVISIONER).await?;
     let loaded = security::load_directory(&state.manifest_path(), &state.security_dir())?;
     let security = Security::new(&loaded, runtime.clock.clone())?.with_ids(runtime.ids.clone());
     let security_manager = SecurityManager::new(
@@ -160,53 +157,6 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
         trigger,
         task,
     })
-}
-
-/// Creates what a cluster operator (or the Helm chart) provides: the capacity-ledger
-/// ConfigMap (DECISIONS 16) and the RuntimeClasses and StorageClasses the templates name.
-async fn seed_cluster(kube: &kube::Client, templates: &TemplateRegistry) -> anyhow::Result<()> {
-    let meta = |name: &str| ObjectMeta {
-        name: Some(name.to_owned()),
-        ..ObjectMeta::default()
-    };
-    let ledger = ConfigMap {
-        metadata: meta(LEDGER_CONFIGMAP_NAME),
-        ..ConfigMap::default()
-    };
-    create_if_absent(
-        &Api::<ConfigMap>::namespaced(kube.clone(), DEV_NAMESPACE),
-        &ledger,
-    )
-    .await?;
-    let resources = templates.cluster_resources();
-    for name in &resources.runtime_classes {
-        let class = RuntimeClass {
-            metadata: meta(name),
-            handler: "runc".to_owned(),
-            ..RuntimeClass::default()
-        };
-        create_if_absent(&Api::<RuntimeClass>::all(kube.clone()), &class).await?;
-    }
-    for name in &resources.storage_classes {
-        let class = StorageClass {
-            metadata: meta(name),
-            provisioner: "dev.execution.mecatl.dev/workspace-directory".to_owned(),
-            ..StorageClass::default()
-        };
-        create_if_absent(&Api::<StorageClass>::all(kube.clone()), &class).await?;
-    }
-    Ok(())
-}
-
-async fn create_if_absent<K>(api: &Api<K>, object: &K) -> anyhow::Result<()>
-where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.create(&PostParams::default(), object).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Runs `dev` in the foreground until Ctrl-C.

@@ -2,3 +2,4 @@
 pub mod apiserver;
 pub mod crd;
 pub mod node_agent;
+pub mod seed;
