@@ -7,9 +7,12 @@
 //! every status write. Start-up ([`Reconciler::initialize`]) only reads: the preflight of the
 //! RuntimeClasses and StorageClasses the templates name, and the capacity ledger's presence.
 //! A missing or exited executor fences the environment (DECISIONS 15); failures and waiting
-//! Pods are retried with exponential backoff, never in a fixed hot loop.
+//! Pods are retried with exponential backoff, never in a fixed hot loop. Watch events enqueue an
+//! environment by the rules of §2.2 ([`enqueue`]): the reconciler's own status writes never
+//! wake it again.
 
 pub mod conditions;
+pub mod enqueue;
 pub mod error;
 mod flow;
 mod ledger;
@@ -31,8 +34,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::OnceCell;
 
 pub use error::{InitError, ReconcileError};
@@ -99,6 +102,7 @@ pub struct Reconciler {
     ctx: Context,
     init: OnceCell<Result<(), InitError>>,
     synced: std::sync::atomic::AtomicBool,
+    queued: std::sync::atomic::AtomicU64,
     failures: Mutex<BTreeMap<String, u32>>,
     waiting: Mutex<BTreeMap<String, u32>>,
 }
@@ -120,6 +124,7 @@ impl Reconciler {
             },
             init: OnceCell::new(),
             synced: Default::default(),
+            queued: Default::default(),
             failures: Default::default(),
             waiting: Default::default(),
         })
@@ -163,6 +168,12 @@ impl Reconciler {
         self.readiness_reason() == "ready"
     }
 
+    /// How many reconciles the work queue has started so far (every enqueue that reached the
+    /// worker, whether from a watch event or a requeue).
+    pub fn queued_reconciles(&self) -> u64 {
+        self.queued.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// What reconciles share (for the status writers of [`status`]).
     pub fn context(&self) -> &Context {
         &self.ctx
@@ -186,7 +197,17 @@ impl Reconciler {
         let pvcs = Api::<PersistentVolumeClaim>::namespaced(client, &ns);
         let labelled = || watcher::Config::default().labels(LABEL_ENVIRONMENT);
         let (pod_ns, pvc_ns) = (ns.clone(), ns.clone());
-        let controller = Controller::new(envs, watcher::Config::default())
+        // §2.2: an environment event passes only when a field a decision depends on changed.
+        let (reader, writer) = reflector::store();
+        let triggers = watcher(envs, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+            .applied_objects()
+            .predicate_filter(
+                |env: &ExecutionEnvironment| Some(enqueue::trigger_fingerprint(env)),
+                Default::default(),
+            );
+        let controller = Controller::for_stream(triggers, reader)
             .watches(pods, labelled(), move |pod: Pod| {
                 by_label(pod.metadata.labels.as_ref(), &pod_ns)
             })
@@ -262,10 +283,7 @@ fn by_label(
     labels: Option<&BTreeMap<String, String>>,
     ns: &str,
 ) -> Option<ObjectRef<ExecutionEnvironment>> {
-    labels
-        .and_then(|l| l.get(LABEL_ENVIRONMENT))
-        .filter(|v| !v.is_empty())
-        .map(|v| ObjectRef::<ExecutionEnvironment>::new(v).within(ns))
+    enqueue::environment_of(labels).map(|v| ObjectRef::<ExecutionEnvironment>::new(v).within(ns))
 }
 
 async fn reconcile_object(
@@ -273,6 +291,9 @@ async fn reconcile_object(
     reconciler: Arc<Reconciler>,
 ) -> Result<Action, ReconcileError> {
     let name = env.metadata.name.clone().unwrap_or_default();
+    reconciler
+        .queued
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let next = reconciler.reconcile(&name).await?;
     Ok(reconciler.next_action(&name, next))
 }

@@ -9,6 +9,7 @@ mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
 mod crd;
+mod crd_admission;
 mod fixtures;
 mod flow;
 mod kwok_exec;

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod hooks;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -85,10 +87,13 @@ pub fn registry() -> TemplateRegistry {
     registry_of(&[(execution(|_| {}), false)])
 }
 
-/// An API server, client, clock and the operator-provided objects.
+/// An API server, client, clock and the operator-provided objects. The test's own client
+/// talks to the server directly; reconcilers talk through [`hooks::Hooked`], which records
+/// their requests and applies the test's rules.
 pub struct World {
     pub api: ApiServer,
     pub client: kube::Client,
+    pub hooks: hooks::Hooked,
     pub runtime: Runtime,
 }
 
@@ -111,9 +116,11 @@ impl World {
         let ids = Arc::new(SeededIds::new(11));
         let api = ApiServer::in_memory(clock.clone(), ids.clone());
         let client = api.client(NAMESPACE);
+        let hooks = hooks::Hooked::new(api.clone());
         Self {
             api,
             client,
+            hooks,
             runtime: Runtime { clock, ids },
         }
     }
@@ -178,7 +185,7 @@ impl World {
 
     pub fn reconciler(&self, templates: &TemplateRegistry, account: &str) -> Arc<Reconciler> {
         Reconciler::new(
-            self.client.clone(),
+            self.hooks.client(NAMESPACE),
             ReconcilerConfig {
                 namespace: NAMESPACE.to_owned(),
                 executor_service_account: account.to_owned(),
@@ -340,4 +347,75 @@ pub fn cond(env: &ExecutionEnvironment, type_: &str) -> Option<EnvironmentCondit
 /// (status, reason) of the Ready condition.
 pub fn ready(env: &ExecutionEnvironment) -> Option<(ConditionStatus, String)> {
     cond(env, condition::READY).map(|c| (c.status, c.reason))
+}
+
+/// A reconciler running its watch-driven work queue until [`Running::stop`].
+pub struct Running {
+    pub reconciler: Arc<Reconciler>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), execution_provider::reconciler::InitError>>,
+}
+
+impl Running {
+    /// Starts `reconciler` and waits (polling, with a deadline) until its caches are filled.
+    pub async fn start(reconciler: Arc<Reconciler>) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(reconciler.clone().run(async move {
+            let _ = stopped.await;
+        }));
+        let running = Self {
+            reconciler,
+            stop: Some(stop),
+            task,
+        };
+        let reconciler = running.reconciler.clone();
+        wait_until("the reconciler becomes ready", || {
+            let ready = reconciler.is_ready();
+            async move { ready }
+        })
+        .await;
+        running
+    }
+
+    /// Stops the work queue and waits for it to drain.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.unwrap().unwrap();
+    }
+}
+
+/// Polls `condition` every 10 ms (tokio time) until it holds; panics after 120 s.
+pub async fn wait_until<F, Fut>(what: &str, condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    poll_until(
+        what,
+        Duration::from_millis(10),
+        Duration::from_secs(120),
+        condition,
+    )
+    .await;
+}
+
+/// Polls `condition` every `period` (tokio time) until it holds; panics after `limit`.
+pub async fn poll_until<F, Fut>(what: &str, period: Duration, limit: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(period).await;
+    }
+}
+
+/// Lets every task run until nothing is left to do (under paused time, a sleep only ends once
+/// all other tasks are idle, then the clock jumps).
+pub async fn settle() {
+    tokio::time::sleep(Duration::from_secs(5)).await;
 }
