@@ -256,3 +256,111 @@ async fn key_rotation_keeps_old_grants_until_their_key_is_revoked_on_an_open_con
     );
     dev.stop().await.unwrap();
 }
+
+/// §9.37: a grant minted before `RevokeEnvironment` stops authorizing at once: with its own
+/// generation the durable claim is no longer current (ABORTED), and claiming the new
+/// generation does not match what the grant binds (PERMISSION_DENIED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_minted_before_a_revocation_is_refused_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "revoked")
+        .await
+        .environment
+        .unwrap();
+    let claim = acquire(&mut client, "revoked", &env).await;
+    write(&mut client, context("revoked", &claim))
+        .await
+        .unwrap();
+    let revoke = pb::RevokeEnvironmentRequest {
+        environment: Some(env.clone()),
+        owner: Some(owner()),
+        expected_grant_generation: claim.grant_generation,
+        operation_id: "revoke-1".into(),
+    };
+    client.revoke_environment(revoke).await.unwrap();
+    let stale = read(&mut client, context("revoked", &claim))
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), tonic::Code::Aborted, "{stale:?}");
+    let mut forged = context("revoked", &claim);
+    forged.grant_generation += 1;
+    let forged = read(&mut client, forged).await.unwrap_err();
+    assert_refused(
+        &forged,
+        tonic::Code::PermissionDenied,
+        "permission_denied",
+        false,
+    );
+    dev.stop().await.unwrap();
+}
+
+/// §9.37: new key material under the same generation is drift: the replica stops until a
+/// higher generation carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_generation_key_material_drift_poisons_the_replica_until_a_higher_generation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let path = tmp.path().join("security/manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let (pem, print) = keys::generate(&OsIds);
+    std::fs::write(tmp.path().join("security/grant.key"), pem).unwrap();
+    manifest["keys"][0]["publicKeySHA256"] = print.into();
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let err = dev.security_manager.reload().await.unwrap_err();
+    assert!(err.to_string().contains("drift"), "{err}");
+    assert!(
+        dev.security_manager.reload().await.is_err(),
+        "a retry does not heal it"
+    );
+    assert!(!dev.security.ready());
+    edit_manifest(tmp.path(), |_| {});
+    reload(&dev).await;
+    assert!(dev.security.ready());
+    dev.stop().await.unwrap();
+}
+
+/// §9.37: an acquisition refused while the signing authority is out is retried explicitly
+/// with the same operation id once it is back, and converges to the same durable claim with
+/// a fresh grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_retried_after_an_outage_converges_to_the_same_claim() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "outage")
+        .await
+        .environment
+        .unwrap();
+    let first = acquire(&mut client, "outage", &env).await;
+    let path = tmp.path().join("security/manifest.json");
+    let good = std::fs::read(&path).unwrap();
+    std::fs::write(&path, br#"{"version":2}"#).unwrap();
+    assert!(dev.security_manager.reload().await.is_err());
+    let request = pb::AcquireRunRequest {
+        environment: Some(env.clone()),
+        owner: Some(owner()),
+        binding_id: "outage".into(),
+        run_id: "run-1".into(),
+        operation_id: "acquire-1".into(),
+        ttl_millis: 60_000,
+    };
+    let refused = client.acquire_run(request.clone()).await.unwrap_err();
+    assert_refused(&refused, tonic::Code::Unavailable, "not_ready", true);
+    std::fs::write(&path, good).unwrap();
+    edit_manifest(tmp.path(), |_| {});
+    reload(&dev).await;
+    let retried = client.acquire_run(request).await.unwrap().into_inner();
+    assert_eq!(
+        (&retried.run_id, &retried.claim_id, retried.epoch),
+        (&first.run_id, &first.claim_id, first.epoch),
+        "the same durable claim"
+    );
+    assert_ne!(retried.grant, first.grant, "signed afresh");
+    write(&mut client, context("outage", &retried))
+        .await
+        .unwrap();
+    dev.stop().await.unwrap();
+}

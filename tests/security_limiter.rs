@@ -1,7 +1,8 @@
 //! The RPC limiter over real mTLS on loopback (api-security §7, §9.27): a bounded load test
 //! driving ten times the limiter's capacity. Calls admitted while slots are free succeed,
 //! the rest are refused at once with RESOURCE_EXHAUSTED (nothing queues), bounds are never
-//! exceeded, and the limiter's state returns to empty.
+//! exceeded, and the limiter's state returns to empty. Bounds configured in the manifest or
+//! by flags (flags win) are the ones enforced.
 
 mod common;
 mod security;
@@ -10,7 +11,8 @@ use std::time::Duration;
 
 use common::*;
 use execution_provider::api::pb;
-use execution_provider::server::limiter::RpcLimiter;
+use execution_provider::cli::state_dir::StateDir;
+use execution_provider::server::limiter::{LimiterBounds, RpcLimiter};
 use security::*;
 
 const DEV_URI: &str = "spiffe://dev.local/ns/default/client";
@@ -124,5 +126,104 @@ async fn a_client_at_its_own_bound_does_not_starve_another_client() {
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
     drop(held);
     assert_eq!(limiter.active(), (0, 0));
+    dev.stop().await.unwrap();
+}
+
+const SECOND_URI: &str = "spiffe://dev.local/ns/default/second";
+
+fn admit_second_client(m: &mut serde_json::Value) {
+    m["clients"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({ "uri": SECOND_URI }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounds_configured_in_the_manifest_are_enforced_after_a_reload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    assert_eq!(dev.security.limiter().bounds(), (128, 32), "the defaults");
+    edit_manifest(tmp.path(), |m| {
+        admit_second_client(m);
+        m["limits"] = serde_json::json!({"maxConcurrentRPCs": 3, "maxConcurrentRPCsPerClient": 2});
+    });
+    reload(&dev).await;
+    let limiter = dev.security.limiter();
+    assert_eq!(limiter.bounds(), (3, 2));
+    let first = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let second = connect(
+        dev.addr,
+        tmp.path(),
+        Some(&identity_from_dev_ca(tmp.path(), SECOND_URI)),
+    )
+    .await;
+    assert_eq!(burst(&first, 1).await, (1, 0), "a free slot admits");
+
+    let mine: Vec<_> = (0..2)
+        .map(|_| limiter.try_acquire(DEV_URI).unwrap())
+        .collect();
+    assert_eq!(
+        burst(&first, 3).await,
+        (0, 3),
+        "the configured per-client bound"
+    );
+    assert_eq!(
+        burst(&second, 1).await,
+        (1, 0),
+        "the global bound has one slot left"
+    );
+    let theirs = limiter.try_acquire(SECOND_URI).unwrap();
+    assert_eq!(
+        burst(&second, 3).await,
+        (0, 3),
+        "the configured global bound"
+    );
+    drop((mine, theirs));
+    assert_eq!(burst(&first, 2).await, (2, 0));
+    dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limiter_flags_win_over_the_manifest_and_a_clash_fails_the_reload_closed() {
+    let tmp = tempfile::tempdir().unwrap();
+    StateDir::open_or_init(tmp.path()).unwrap();
+    edit_manifest(tmp.path(), |m| {
+        m["limits"] = serde_json::json!({"maxConcurrentRPCs": 6, "maxConcurrentRPCsPerClient": 4});
+    });
+    let flags = LimiterBounds {
+        global: None,
+        per_client: Some(2),
+    };
+    let dev = start_dev_with(tmp.path(), std::sync::Arc::default(), flags).await;
+    let limiter = dev.security.limiter();
+    assert_eq!(
+        limiter.bounds(),
+        (6, 2),
+        "the flag wins; the manifest fills the rest"
+    );
+    let client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let held: Vec<_> = (0..2)
+        .map(|_| limiter.try_acquire(DEV_URI).unwrap())
+        .collect();
+    assert_eq!(
+        burst(&client, 2).await,
+        (0, 2),
+        "the flag's per-client bound"
+    );
+    drop(held);
+    edit_manifest(tmp.path(), |m| m["limits"]["maxConcurrentRPCs"] = 5.into());
+    reload(&dev).await;
+    assert_eq!(dev.security.limiter().bounds(), (5, 2), "applied on reload");
+    assert_eq!(burst(&client, 2).await, (2, 0));
+
+    // A global bound below the flag's per-client bound: the reload fails, fail closed.
+    edit_manifest(tmp.path(), |m| m["limits"]["maxConcurrentRPCs"] = 1.into());
+    assert!(dev.security_manager.reload().await.is_err());
+    let status = client
+        .clone()
+        .list_execution_templates(pb::ListExecutionTemplatesRequest {})
+        .await
+        .unwrap_err();
+    assert_refused(&status, tonic::Code::Unavailable, "not_ready", true);
     dev.stop().await.unwrap();
 }

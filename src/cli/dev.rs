@@ -15,6 +15,7 @@ use crate::provider::{self, Dependencies, Settings, Shutdown, ShutdownTrigger};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
 use crate::security::{self, Security, SecurityManager, SecuritySettings, manager};
+use crate::server::limiter::LimiterBounds;
 use crate::templates::TemplateRegistry;
 
 /// The namespace `dev` keeps its environments in.
@@ -40,6 +41,9 @@ pub struct DevArgs {
     /// The `execution-helper` binary (default: the one beside this program).
     #[arg(long, env = "EXECUTION_HELPER")]
     pub helper: Option<PathBuf>,
+    /// Bounds of the RPC limiter; they win over the manifest's `limits`.
+    #[command(flatten)]
+    pub limits: LimiterBounds,
 }
 
 fn parse_listen(text: &str) -> Result<SocketAddr, String> {
@@ -95,7 +99,9 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
     let templates = Arc::new(TemplateRegistry::load(state.templates_path())?);
     seed_cluster(&kube, DEV_NAMESPACE, &templates, DEV_STORAGE_PROVISIONER).await?;
     let loaded = security::load_directory(&state.manifest_path(), &state.security_dir())?;
-    let security = Security::new(&loaded, runtime.clock.clone())?.with_ids(runtime.ids.clone());
+    let security = Security::new(&loaded, runtime.clock.clone())?
+        .with_ids(runtime.ids.clone())
+        .with_limit_flags(args.limits)?;
     let security_manager = SecurityManager::new(
         security.clone(),
         kube.clone(),

@@ -7,6 +7,7 @@ pub mod connect;
 pub mod dev;
 pub mod pki;
 pub mod refs;
+pub mod security;
 pub mod serve;
 pub mod session;
 pub mod state_dir;
@@ -30,6 +31,8 @@ pub enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Talks to a provider.
     Client(Box<client::ClientArgs>),
+    /// Operator tools for the security directory: keygen, digest, check.
+    Security(security::SecurityArgs),
     /// Prints the ExecutionEnvironment CRD (the chart's copy must equal it).
     Crd {
         /// Write to this file instead of standard output.
@@ -44,6 +47,7 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Dev(args) => dev::run(args).await.map(|()| 0),
         Command::Serve(args) => serve::run(*args).await.map(|()| 0),
         Command::Client(args) => client::run(*args).await,
+        Command::Security(args) => security::run(args, &crate::runtime::Runtime::system()),
         Command::Crd { output } => write_crd(output.as_deref()).map(|()| 0),
     };
     match result {

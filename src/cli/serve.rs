@@ -16,6 +16,7 @@ use crate::provider::{self, Dependencies, Settings, Shutdown};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
 use crate::security::{self, Security, SecurityManager, SecuritySettings, manager};
+use crate::server::limiter::LimiterBounds;
 use crate::templates::TemplateRegistry;
 
 /// Flags of `serve`; each also reads an `EXECUTION_PROVIDER_*` environment variable.
@@ -80,6 +81,9 @@ pub struct ServeArgs {
         default_value = "0.0.0.0:8081"
     )]
     pub health_listen: String,
+    /// Bounds of the RPC limiter; they win over the manifest's `limits`.
+    #[command(flatten)]
+    pub limits: LimiterBounds,
 }
 
 fn parse_reload_interval(text: &str) -> Result<std::time::Duration, String> {
@@ -150,7 +154,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("cannot load the security directory")?;
     let security = Security::new(&loaded, runtime.clock.clone())
         .context("the security directory is not usable")?
-        .with_ids(runtime.ids.clone());
+        .with_ids(runtime.ids.clone())
+        .with_limit_flags(args.limits)
+        .context("the RPC limiter bounds are not usable")?;
     let kube = kube_client(args.kubeconfig.as_deref()).await?;
     let security_manager = SecurityManager::new(
         security.clone(),
@@ -277,5 +283,38 @@ mod tests {
         assert_eq!(validate(&off).unwrap(), None);
         let bad = parse(&[&base[..], &["--health-listen", ":8081"]].concat());
         assert!(validate(&bad).is_err());
+    }
+
+    #[test]
+    fn limiter_bounds_are_flags_in_range() {
+        let base = ["--executor-service-account", "execution-executor"];
+        assert_eq!(parse(&base).limits, LimiterBounds::default());
+        let set = parse(
+            &[
+                &base[..],
+                &[
+                    "--max-concurrent-rpcs",
+                    "256",
+                    "--max-concurrent-rpcs-per-client",
+                    "8",
+                ],
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            (set.limits.global, set.limits.per_client),
+            (Some(256), Some(8))
+        );
+        for bad in ["0", "4097", "many"] {
+            let argv = [
+                "execution-provider",
+                "serve",
+                "--namespace",
+                "execution",
+                "--max-concurrent-rpcs",
+                bad,
+            ];
+            assert!(crate::cli::Cli::try_parse_from(argv).is_err(), "{bad}");
+        }
     }
 }

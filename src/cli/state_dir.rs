@@ -235,6 +235,7 @@ fn dev_manifest(grant_key_sha256: String) -> Vec<u8> {
             verify_until: "2100-01-01T00:00:00Z".parse().expect("a valid instant"),
             state: KeyState::Active,
         }],
+        limits: None,
     };
     serde_json::to_vec_pretty(&manifest).expect("manifest serializes")
 }

@@ -18,7 +18,7 @@ use crate::errors::{ErrorCode, WireError};
 use crate::runtime::tls::{self, ClientChainVerifier, ReloadableServerTls};
 use crate::runtime::{Clock, IdSource, OsIds};
 use crate::security::{Client, SecuritySnapshot};
-use crate::server::limiter::RpcLimiter;
+use crate::server::limiter::{LimiterBounds, RpcLimiter};
 
 /// What every RPC is judged against: one load of the security directory.
 pub(super) struct Authority {
@@ -29,6 +29,14 @@ pub(super) struct Authority {
     pub(super) state: LedgerState,
     /// The server certificate's notAfter: the authority is not ready from then on.
     valid_until: SystemTime,
+    /// The limiter bounds the manifest asks for.
+    limits: LimiterBounds,
+}
+
+/// Where the limiter's bounds come from: the flags (which win) and what was applied last.
+struct LimitConfig {
+    flags: LimiterBounds,
+    applied: (usize, usize),
 }
 
 /// The latest observation of the durable ledger, when a manager checks it.
@@ -48,6 +56,7 @@ pub struct Security {
     clock: Arc<dyn Clock>,
     ids: Arc<dyn IdSource>,
     limiter: Arc<arc_swap::ArcSwap<RpcLimiter>>,
+    limits: Arc<Mutex<LimitConfig>>,
 }
 
 fn not_ready() -> WireError {
@@ -59,14 +68,45 @@ impl Security {
     pub fn new(loaded: &LoadedSecurity, clock: Arc<dyn Clock>) -> Result<Self, SecurityError> {
         let config = tls::server_config(&loaded.server, clock.clone())?;
         let authority = Self::authority(loaded, clock.clone())?;
+        let bounds = authority.limits.resolve()?;
+        let limiter = RpcLimiter::new(bounds.0, bounds.1)?;
         Ok(Self {
             authority: Arc::new(ArcSwapOption::from_pointee(authority)),
             check: Arc::default(),
             tls: ReloadableServerTls::new(config),
             clock,
             ids: Arc::new(OsIds),
-            limiter: Arc::default(),
+            limiter: Arc::new(arc_swap::ArcSwap::from_pointee(limiter)),
+            limits: Arc::new(Mutex::new(LimitConfig {
+                flags: LimiterBounds::default(),
+                applied: bounds,
+            })),
         })
+    }
+
+    /// Applies the limiter bounds given by flags; they win over the manifest's.
+    pub fn with_limit_flags(self, flags: LimiterBounds) -> Result<Self, SecurityError> {
+        let manifest = self
+            .authority
+            .load()
+            .as_ref()
+            .map_or_else(LimiterBounds::default, |a| a.limits);
+        let bounds = flags.or(manifest).resolve()?;
+        self.limits.lock().expect("limits lock").flags = flags;
+        self.apply_limits(bounds)?;
+        Ok(self)
+    }
+
+    /// Replaces the limiter when `bounds` differ from the ones applied last. RPCs in flight
+    /// keep the slots of the old limiter.
+    fn apply_limits(&self, bounds: (usize, usize)) -> Result<(), SecurityError> {
+        let mut limits = self.limits.lock().expect("limits lock");
+        if limits.applied != bounds {
+            self.limiter
+                .store(Arc::new(RpcLimiter::new(bounds.0, bounds.1)?));
+            limits.applied = bounds;
+        }
+        Ok(())
     }
 
     /// Draws grant nonces from `ids` instead of the operating system (tests, simulator).
@@ -89,6 +129,7 @@ impl Security {
                 digest: super::digest::authority_digest(&loaded.manifest),
             },
             valid_until: leaf_not_after(&loaded.server.chain[0]),
+            limits: loaded.manifest.limits.unwrap_or_default(),
         })
     }
 
@@ -97,13 +138,16 @@ impl Security {
     pub fn install(&self, loaded: &LoadedSecurity) -> Result<(), SecurityError> {
         let config = tls::server_config(&loaded.server, self.clock.clone())?;
         let authority = Self::authority(loaded, self.clock.clone())?;
+        let flags = self.limits.lock().expect("limits lock").flags;
+        let bounds = flags.or(authority.limits).resolve()?;
+        self.apply_limits(bounds)?;
         self.tls.replace(config);
         self.authority.store(Some(Arc::new(authority)));
         Ok(())
     }
 
-    /// Replaces the RPC limiter (its bounds come from flags); RPCs in flight keep the slots
-    /// of the old one.
+    /// Replaces the RPC limiter directly (tests); a reload replaces it again only when the
+    /// configured bounds change. RPCs in flight keep the slots of the old one.
     pub fn set_limiter(&self, limiter: RpcLimiter) {
         self.limiter.store(Arc::new(limiter));
     }
@@ -154,8 +198,9 @@ impl Security {
         self.published().map_or(0, |s| s.generation)
     }
 
-    /// Whether the replica may serve: an authority is in force, not expired, and (under a
-    /// manager) confirmed by a fresh ledger observation.
+    /// Whether the replica may serve: an authority is in force, its server certificate has
+    /// not expired, its active grant key may sign now, and (under a manager) a fresh ledger
+    /// observation confirms it.
     pub fn ready(&self) -> bool {
         self.current().is_ok()
     }
@@ -163,7 +208,10 @@ impl Security {
     /// The authority in force now, or `not_ready`.
     fn current(&self) -> Result<Arc<Authority>, WireError> {
         let authority = self.authority.load_full().ok_or_else(not_ready)?;
-        if self.clock.wall() >= authority.valid_until {
+        let now = self.clock.wall();
+        // Era A readiness (§6.5): the server certificate is valid and the active grant key
+        // may sign now, so a key expiring between reload ticks makes the replica unready.
+        if now >= authority.valid_until || authority.keyring.signer(now).is_none() {
             return Err(not_ready());
         }
         let check = self.check.lock().expect("ledger check lock");
@@ -301,6 +349,57 @@ mod tests {
             refused.code,
             ErrorCode::Unauthenticated,
             "no certificate first"
+        );
+    }
+
+    #[test]
+    fn a_reload_mid_request_keeps_the_admitted_policy_for_that_request_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = StateDir::open_or_init(tmp.path()).unwrap();
+        let security = security(tmp.path());
+        let ca = crate::cli::pki::DevCa::load(
+            crate::cli::pki::DEV_CA_NAME,
+            &std::fs::read_to_string(state.pki_dir().join("ca.pem")).unwrap(),
+            &std::fs::read_to_string(state.pki_dir().join("ca.key")).unwrap(),
+        )
+        .unwrap();
+        let leaf = ca.client("spiffe://dev.local/ns/default/client").unwrap();
+        let chain = tls::certificates_from_pem(leaf.cert.as_bytes(), "leaf").unwrap();
+        let admitted = security.authenticate(Some(&chain)).unwrap();
+        assert!(admitted.policy.administrator);
+
+        let mut loaded =
+            super::super::load_directory(&state.manifest_path(), &state.security_dir()).unwrap();
+        loaded.manifest.generation += 1;
+        loaded.manifest.clients[0].administrator = false;
+        security.install(&loaded).unwrap();
+        assert!(
+            admitted.policy.administrator,
+            "the request keeps what admitted it"
+        );
+        let next = security.authenticate(Some(&chain)).unwrap();
+        assert!(
+            !next.policy.administrator,
+            "the next request sees the new policy"
+        );
+    }
+
+    #[test]
+    fn a_stale_reload_failure_does_not_clear_a_newer_authority() {
+        let tmp = tempfile::tempdir().unwrap();
+        let security = security(tmp.path());
+        let observed_at_start = security.published();
+        let mut newer = observed_at_start.clone().unwrap();
+        newer.generation += 1;
+        security.clear_if(Some(&newer));
+        assert!(
+            security.ready(),
+            "a failure that began under another state clears nothing"
+        );
+        security.clear_if(observed_at_start.as_ref());
+        assert!(
+            !security.ready(),
+            "a failure under the state in force clears it"
         );
     }
 

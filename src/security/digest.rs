@@ -127,4 +127,40 @@ mod tests {
             assert_ne!(d, digest_of(&changed, TLS), "{changed}");
         }
     }
+
+    const TWO_KEYS: &str = r#"{"version":1,"generation":3,"tls":{"certificateFile":"a.pem","privateKeyFile":"a.key","clientCAFile":"c.pem"},"clients":[{"uri":"spiffe://c/a","mayAttestOwner":true}],"issuer":"ep","audience":"ep","activeKeyID":"k1","grantTTL":"5m","clockSkew":"0s","keys":[{"id":"k1","version":1,"file":"k1.key","publicKeySHA256":"1111111111111111111111111111111111111111111111111111111111111111","activateAt":"2020-01-01T00:00:00Z","verifyUntil":"2100-01-01T00:00:00Z","state":"active"},{"id":"k2","version":2,"file":"k2.key","publicKeySHA256":"2222222222222222222222222222222222222222222222222222222222222222","activateAt":"2021-01-01T00:00:00Z","verifyUntil":"2100-01-01T00:00:00Z","state":"verify-only"}]}"#;
+
+    fn digest_text(text: &str) -> String {
+        authority_digest(&SecurityManifest::parse(text.as_bytes()).expect(text))
+    }
+
+    #[test]
+    fn the_digest_changes_with_every_grant_parameter_but_not_with_limiter_bounds() {
+        let d = digest_text(TWO_KEYS);
+        let switch_active = TWO_KEYS
+            .replace(r#""activeKeyID":"k1""#, r#""activeKeyID":"k2""#)
+            .replace(r#""state":"active""#, r#""state":"verify-only""#)
+            .replace(
+                r#""2100-01-01T00:00:00Z","state":"verify-only"}]"#,
+                r#""2100-01-01T00:00:00Z","state":"active"}]"#,
+            );
+        for changed in [
+            TWO_KEYS.replace(r#""state":"verify-only""#, r#""state":"revoked""#),
+            switch_active,
+            TWO_KEYS.replace("2021-01-01T00:00:00Z", "2021-06-01T00:00:00Z"),
+            TWO_KEYS.replace(r#""grantTTL":"5m""#, r#""grantTTL":"4m""#),
+            TWO_KEYS.replace(r#""clockSkew":"0s""#, r#""clockSkew":"1s""#),
+            TWO_KEYS.replace(r#""issuer":"ep""#, r#""issuer":"other""#),
+            TWO_KEYS.replace(&"2".repeat(64), &"3".repeat(64)),
+        ] {
+            assert_ne!(changed, TWO_KEYS);
+            assert_ne!(d, digest_text(&changed), "{changed}");
+        }
+        let bounded = TWO_KEYS.replacen(
+            r#""version":1,"#,
+            r#""version":1,"limits":{"maxConcurrentRPCs":8},"#,
+            1,
+        );
+        assert_eq!(d, digest_text(&bounded), "limiter bounds are not authority");
+    }
 }

@@ -106,7 +106,7 @@ impl GrantError {
     pub fn wire(self) -> WireError {
         match self {
             Self::Expired => WireError::retryable(ErrorCode::Unauthenticated),
-            Self::NoSigningKey => WireError::fatal(ErrorCode::Internal),
+            Self::NoSigningKey => WireError::retryable(ErrorCode::NotReady),
             _ => WireError::fatal(ErrorCode::PermissionDenied),
         }
     }

@@ -315,7 +315,7 @@ fn no_grant_is_minted_outside_the_active_keys_window() {
     let ring = one_key();
     let err = sign(&ring, binding(), "00".repeat(16), at(NOW + 10_000)).unwrap_err();
     assert_eq!(err, GrantError::NoSigningKey);
-    assert_eq!(err.wire(), WireError::fatal(ErrorCode::Internal));
+    assert_eq!(err.wire(), WireError::retryable(ErrorCode::NotReady));
     let (_, expiry) = sign(&ring, binding(), "00".repeat(16), at(NOW + 9_900)).unwrap();
     assert_eq!(expiry, at(NOW + 10_000), "the grant ends with its key");
     let err = verify(

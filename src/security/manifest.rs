@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::identity::canonical_client_uri;
 use super::keys::{self, ManifestKey};
 use super::policy::{ClientPolicy, SecuritySnapshot};
+use crate::server::limiter::LimiterBounds;
 
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_BYTES: usize = 8 * 1024 * 1024;
@@ -57,6 +58,10 @@ pub struct SecurityManifest {
     pub clock_skew: String,
     /// The grant keys, 1..64.
     pub keys: Vec<ManifestKey>,
+    /// Bounds of the RPC limiter (optional; `serve`/`dev` flags win). Not part of the
+    /// authority digest: a per-replica operating bound, applied on the next reload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimiterBounds>,
 }
 
 /// TLS material, by basename.
@@ -131,6 +136,11 @@ impl SecurityManifest {
                 return invalid("client uris must be canonical and unique");
             }
             client.validate()?;
+        }
+        if let Some(limits) = self.limits {
+            limits
+                .resolve()
+                .map_err(|e| ManifestError::Invalid(e.to_string()))?;
         }
         keys::validate(self)
     }
@@ -252,6 +262,18 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn an_oversized_manifest_is_refused_before_decoding() {
+        let ok = r#"[{"uri":"spiffe://c/a","mayAttestOwner":true}]"#;
+        let mut padded = manifest(ok).into_bytes();
+        assert!(SecurityManifest::parse(&padded).is_ok());
+        padded.resize(MAX_MANIFEST_BYTES + 1, b' ');
+        assert!(matches!(
+            SecurityManifest::parse(&padded),
+            Err(ManifestError::TooLarge)
+        ));
+    }
+
+    #[test]
     fn policy_rules_are_enforced() {
         for clients in [
             r#"[]"#,
@@ -271,6 +293,51 @@ pub(crate) mod tests {
                 "{clients}"
             );
         }
+    }
+
+    #[test]
+    fn administrator_for_scopes_follow_the_catalogue() {
+        let admin = |scope: &str| {
+            manifest(&format!(
+                r#"[{{"uri":"spiffe://c/a","administrator":true{scope}}}]"#
+            ))
+        };
+        for ok in [
+            "",
+            r#","administratorFor":[]"#,
+            r#","administratorFor":["spiffe://c/b"]"#,
+        ] {
+            assert!(
+                SecurityManifest::parse(admin(ok).as_bytes()).is_ok(),
+                "{ok}"
+            );
+        }
+        let not_admin = manifest(r#"[{"uri":"spiffe://c/a","administratorFor":["spiffe://c/b"]}]"#);
+        assert!(SecurityManifest::parse(not_admin.as_bytes()).is_err());
+        for bad in [
+            r#"["spiffe://c/b","spiffe://c/b"]"#,
+            r#"["*"]"#,
+            r#"["spiffe://c/%2A"]"#,
+            r#"["spiffe://C/b"]"#,
+            r#"["spiffe://c/b?x=1"]"#,
+            r#"["spiffe://c/b#f"]"#,
+            r#"["spiffe://u@c/b"]"#,
+            r#"["/ns/b"]"#,
+        ] {
+            let text = admin(&format!(r#","administratorFor":{bad}"#));
+            assert!(SecurityManifest::parse(text.as_bytes()).is_err(), "{bad}");
+        }
+        let unknown = admin(r#","administratorFor":[],"wildcard":true"#);
+        assert!(matches!(
+            SecurityManifest::parse(unknown.as_bytes()),
+            Err(ManifestError::Decode(_))
+        ));
+        let scopes = |n: usize| {
+            let list: Vec<String> = (0..n).map(|i| format!(r#""spiffe://c/s{i}""#)).collect();
+            admin(&format!(r#","administratorFor":[{}]"#, list.join(",")))
+        };
+        assert!(SecurityManifest::parse(scopes(256).as_bytes()).is_ok());
+        assert!(SecurityManifest::parse(scopes(257).as_bytes()).is_err());
     }
 
     #[test]
@@ -302,6 +369,41 @@ pub(crate) mod tests {
                 "{to}"
             );
         }
+        let limits = [
+            (r#"{"maxConcurrentRPCs":0}"#, false),
+            (r#"{"maxConcurrentRPCs":4097}"#, false),
+            (
+                r#"{"maxConcurrentRPCs":8,"maxConcurrentRPCsPerClient":9}"#,
+                false,
+            ),
+            (r#"{"maxConcurrentRPCsPerClient":0}"#, false),
+            (
+                r#"{"maxConcurrentRPCs":8,"maxConcurrentRPCsPerClient":8}"#,
+                true,
+            ),
+            (r#"{}"#, true),
+        ];
+        for (bounds, valid) in limits {
+            let text = manifest(clients).replacen(
+                r#""version":1,"#,
+                &format!(r#""version":1,"limits":{bounds},"#),
+                1,
+            );
+            assert_eq!(
+                SecurityManifest::parse(text.as_bytes()).is_ok(),
+                valid,
+                "{bounds}"
+            );
+        }
+        let unknown = manifest(clients).replacen(
+            r#""version":1,"#,
+            r#""version":1,"limits":{"queue":1},"#,
+            1,
+        );
+        assert!(matches!(
+            SecurityManifest::parse(unknown.as_bytes()),
+            Err(ManifestError::Decode(_))
+        ));
         let unknown_state =
             manifest(clients).replacen(r#""state":"active""#, r#""state":"retired""#, 1);
         assert!(matches!(

@@ -7,6 +7,7 @@
 //! durable ledger ([`ledger`]) and withdraws it whenever the ledger says it is not current.
 
 mod authority;
+pub mod check;
 pub mod digest;
 pub mod grant;
 pub mod identity;
@@ -59,6 +60,9 @@ pub enum SecurityError {
     /// A grant key file is invalid.
     #[error(transparent)]
     Keyring(#[from] keys::KeyringError),
+    /// The RPC limiter bounds (manifest and flags together) are invalid.
+    #[error(transparent)]
+    Limits(#[from] crate::server::limiter::LimiterError),
 }
 
 /// Everything loaded from one security directory.

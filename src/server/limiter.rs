@@ -5,6 +5,11 @@
 //! refused at once with RESOURCE_EXHAUSTED; nothing queues. The slot is released when the
 //! [`Slot`] is dropped, at the end of the handler; a client's entry is removed when its count
 //! drops to zero.
+//!
+//! The bounds are configured by [`LimiterBounds`]: the `serve`/`dev` flags
+//! `--max-concurrent-rpcs` and `--max-concurrent-rpcs-per-client` win over the manifest's
+//! `limits` object, which wins over the defaults (128 and 32, the per-client default capped at
+//! the global bound). They must satisfy 1 <= per-client <= global <= 4096.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -26,6 +31,70 @@ pub struct LimiterError {
     pub global: usize,
     /// The per-client bound asked for.
     pub per_client: usize,
+}
+
+/// Configured bounds; an absent bound falls back to the next source, then the default.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::Args,
+)]
+#[serde(deny_unknown_fields)]
+pub struct LimiterBounds {
+    /// Bound on active RPCs of all clients (1..4096; default 128).
+    #[serde(
+        rename = "maxConcurrentRPCs",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[arg(
+        long = "max-concurrent-rpcs",
+        env = "EXECUTION_PROVIDER_MAX_CONCURRENT_RPCS",
+        value_parser = parse_bound
+    )]
+    pub global: Option<usize>,
+    /// Bound on active RPCs of one client (1..global; default 32).
+    #[serde(
+        rename = "maxConcurrentRPCsPerClient",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[arg(
+        long = "max-concurrent-rpcs-per-client",
+        env = "EXECUTION_PROVIDER_MAX_CONCURRENT_RPCS_PER_CLIENT",
+        value_parser = parse_bound
+    )]
+    pub per_client: Option<usize>,
+}
+
+fn parse_bound(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if (1..=MAX_GLOBAL).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{text}` must be a whole number in 1..={MAX_GLOBAL}"
+        )),
+    }
+}
+
+impl LimiterBounds {
+    /// These bounds, each absent one taken from `fallback`.
+    #[must_use]
+    pub fn or(self, fallback: Self) -> Self {
+        Self {
+            global: self.global.or(fallback.global),
+            per_client: self.per_client.or(fallback.per_client),
+        }
+    }
+
+    /// The effective `(global, per_client)` bounds, defaults filled in, validated.
+    pub fn resolve(self) -> Result<(usize, usize), LimiterError> {
+        let global = self.global.unwrap_or(DEFAULT_GLOBAL);
+        let per_client = self
+            .per_client
+            .unwrap_or_else(|| DEFAULT_PER_CLIENT.min(global));
+        if global == 0 || per_client == 0 || per_client > global || global > MAX_GLOBAL {
+            return Err(LimiterError { global, per_client });
+        }
+        Ok((global, per_client))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -57,9 +126,11 @@ impl Default for RpcLimiter {
 impl RpcLimiter {
     /// A limiter with `global` and `per_client` bounds.
     pub fn new(global: usize, per_client: usize) -> Result<Self, LimiterError> {
-        if per_client == 0 || per_client > global || global > MAX_GLOBAL {
-            return Err(LimiterError { global, per_client });
+        LimiterBounds {
+            global: Some(global),
+            per_client: Some(per_client),
         }
+        .resolve()?;
         Ok(Self {
             inner: Arc::new(Inner {
                 global,
@@ -83,6 +154,11 @@ impl RpcLimiter {
             inner: self.inner.clone(),
             client: client.to_owned(),
         })
+    }
+
+    /// The `(global, per_client)` bounds.
+    pub fn bounds(&self) -> (usize, usize) {
+        (self.inner.global, self.inner.per_client)
     }
 
     /// Active RPCs now, and how many clients have any.
@@ -146,5 +222,39 @@ mod tests {
             );
         }
         assert!(RpcLimiter::new(1, 1).is_ok());
+    }
+
+    #[test]
+    fn flags_win_over_the_manifest_which_wins_over_the_defaults() {
+        let none = LimiterBounds::default();
+        assert_eq!(none.resolve(), Ok((DEFAULT_GLOBAL, DEFAULT_PER_CLIENT)));
+        let manifest = LimiterBounds {
+            global: Some(64),
+            per_client: Some(8),
+        };
+        let flags = LimiterBounds {
+            global: None,
+            per_client: Some(16),
+        };
+        assert_eq!(flags.or(manifest).resolve(), Ok((64, 16)));
+        assert_eq!(none.or(manifest).resolve(), Ok((64, 8)));
+        let small = LimiterBounds {
+            global: Some(4),
+            per_client: None,
+        };
+        assert_eq!(
+            small.resolve(),
+            Ok((4, 4)),
+            "the per-client default is capped"
+        );
+        let inverted = LimiterBounds {
+            global: Some(4),
+            per_client: Some(5),
+        };
+        assert!(inverted.resolve().is_err());
+        assert_eq!(parse_bound("4096"), Ok(4096));
+        for bad in ["0", "4097", "-1", "x"] {
+            assert!(parse_bound(bad).is_err(), "{bad}");
+        }
     }
 }

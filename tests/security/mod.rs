@@ -11,6 +11,7 @@ use execution_provider::cli::dev::{DevArgs, DevProvider};
 use execution_provider::errors::error_detail;
 use execution_provider::runtime::tls::Identity;
 use execution_provider::runtime::{Clock, OsIds, Runtime, SystemClock};
+use execution_provider::server::limiter::LimiterBounds;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
@@ -39,11 +40,21 @@ impl Clock for ShiftedClock {
 
 /// `dev` on an ephemeral port reading its wall clock from `clock`.
 pub async fn start_dev_with_clock(state_dir: &Path, clock: Arc<ShiftedClock>) -> DevProvider {
+    start_dev_with(state_dir, clock, LimiterBounds::default()).await
+}
+
+/// `dev` on an ephemeral port reading its wall clock from `clock`, with limiter flags.
+pub async fn start_dev_with(
+    state_dir: &Path,
+    clock: Arc<ShiftedClock>,
+    limits: LimiterBounds,
+) -> DevProvider {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = DevArgs {
         state_dir: state_dir.to_owned(),
         listen: "127.0.0.1:0".parse().unwrap(),
         helper: Some(helper_binary()),
+        limits,
     };
     let runtime = Runtime {
         clock,
