@@ -207,3 +207,70 @@ async fn concurrent_reservations_enforce_the_hard_limit() {
         "ledger equals the live environments"
     );
 }
+
+#[tokio::test]
+async fn ensure_is_stable_for_the_same_request_and_refuses_drift_of_template_or_operation() {
+    let world = World::new().await;
+    let store = world.store();
+    let req = ensure_request(&world, CLIENT, "alice", "b1", "roomy", "op-1");
+    let first = store.ensure_template(&req).await.expect("ensure");
+    let again = store.ensure_template(&req).await.expect("same request");
+    assert_eq!(again, first, "same environment, revision and epoch");
+    let other_template = ensure_request(&world, CLIENT, "alice", "b1", "other", "op-1");
+    let err = store
+        .ensure_template(&other_template)
+        .await
+        .expect_err("drift");
+    assert_eq!(err.code(), ErrorCode::AlreadyExists);
+    let other_op = ensure_request(&world, CLIENT, "alice", "b1", "roomy", "op-2");
+    let err = store
+        .ensure_template(&other_op)
+        .await
+        .expect_err("not a lookup");
+    assert_eq!(err.code(), ErrorCode::Conflict);
+    assert_eq!(world.names().await, vec![first.env.id.clone()]);
+    assert_eq!(
+        world.ledger("other").await,
+        Vec::<String>::new(),
+        "loser's slot released"
+    );
+}
+
+#[tokio::test]
+async fn an_allocation_persists_the_owner_attestation_in_the_spec() {
+    let world = World::new().await;
+    let req = ensure_request(&world, CLIENT, "alice", "b1", "roomy", "op-1");
+    let a = world.store().ensure_template(&req).await.expect("ensure");
+    let spec = world.get(&a.env.id).await.spec;
+    assert_eq!(spec.owner_issuer.as_deref(), Some(ISSUER));
+    assert_eq!(spec.owner_subject.as_deref(), Some("alice"));
+    assert_eq!(spec.owner_hash, req.caller.owner_hash);
+}
+
+#[tokio::test]
+async fn a_deprecated_revision_serves_its_environments_and_a_revoked_one_refuses_them() {
+    let world = World::new().await;
+    let req = ensure_request(&world, CLIENT, "alice", "b1", "roomy", "op-1");
+    let a = world.store().ensure_template(&req).await.expect("ensure");
+    let deprecated = world.store_with(registry_with_roomy("deprecated"));
+    let retry = deprecated
+        .ensure_template(&req)
+        .await
+        .expect("existing served");
+    assert_eq!(retry.env, a.env);
+    let mut new_binding = req.clone();
+    new_binding.binding_id = "b2".to_owned();
+    let err = deprecated
+        .ensure_template(&new_binding)
+        .await
+        .expect_err("new");
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    let revoked = world.store_with(registry_with_roomy("revoked"));
+    let err = revoked.ensure_template(&req).await.expect_err("revoked");
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    assert_eq!(
+        world.names().await,
+        vec![a.env.id],
+        "nothing else allocated"
+    );
+}

@@ -171,3 +171,103 @@ async fn replaying_an_expired_acquisition_is_refused_not_handed_back() {
         .expect_err("DECISIONS 9");
     assert_eq!(err.code(), ErrorCode::ClaimExpired);
 }
+
+/// Rewrites the stored status by hand (a corrupting or concurrent writer).
+async fn edit_status(
+    world: &World,
+    name: &str,
+    f: impl FnOnce(&mut execution_provider::kube::crd::ExecutionEnvironmentStatus),
+) {
+    let api = world.environments();
+    let mut o = api.get(name).await.expect("get");
+    f(o.status.as_mut().expect("status"));
+    api.replace_status(name, &PostParams::default(), &o)
+        .await
+        .expect("edit");
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewal_refuses_a_claim_whose_owner_or_client_hash_drifted() {
+    let drifts: [fn(&mut execution_provider::kube::crd::ActiveRun); 4] = [
+        |run| run.owner_hash = "0".repeat(64),
+        |run| run.owner_hash.clear(),
+        |run| run.client_hash = "0".repeat(64),
+        |run| run.client_hash.clear(),
+    ];
+    for drift in drifts {
+        let world = World::new().await;
+        let store = world.store();
+        let c = claimed_for(&world, &store, "alice", "b1", MINUTE).await;
+        edit_status(&world, &c.env.id, |s| {
+            drift(s.active_run.as_mut().expect("run"))
+        })
+        .await;
+        let before = world.get(&c.env.id).await.status;
+        let err = store
+            .renew_run(&c.caller, &c.rc, "renew-1", MINUTE)
+            .await
+            .expect_err("drifted claim");
+        assert_eq!(err.code(), ErrorCode::Conflict);
+        assert_eq!(world.get(&c.env.id).await.status, before, "nothing written");
+        let validate = store.validate_run_claim(&c.caller, &c.rc).await;
+        assert_eq!(
+            validate.err().expect("not current").code(),
+            ErrorCode::Conflict
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_and_revoke_each_retry_a_lost_compare_and_swap_and_both_land() {
+    let world = World::new().await;
+    let store = world.store();
+    let c = claimed_for(&world, &store, "alice", "b1", MINUTE).await;
+    store.release_run(&c.caller, &c.rc).await.expect("release");
+    // Another writer wins the first write of each operation (409): each re-reads and lands.
+    world.fail_write(1, Fault::Status(409), "executionenvironments");
+    let claim = store
+        .acquire_run(&AcquireRequest {
+            env: c.env.clone(),
+            caller: c.caller.clone(),
+            binding_id: "b1".to_owned(),
+            run_id: "run-2".to_owned(),
+            operation_id: "op-acquire-2".to_owned(),
+            ttl: MINUTE,
+        })
+        .await
+        .expect("acquire after a lost race");
+    assert_eq!(claim.epoch, c.rc.epoch + 1);
+    world.fail_write(1, Fault::Status(409), "executionenvironments");
+    let q = execution_provider::store::admin::AdminRequest {
+        env: c.env.clone(),
+        owner_hash: c.caller.owner_hash.clone(),
+        actor: CLIENT.to_owned(),
+        administrator_for: Vec::new(),
+        expected_epoch: 0,
+        expected_pod_uid: String::new(),
+        expected_pvc_uid: String::new(),
+        operation_id: "revoke-1".to_owned(),
+    };
+    let generation = store
+        .revoke_environment(&q, claim.grant_generation)
+        .await
+        .expect("revoke after a lost race");
+    assert_eq!(generation, claim.grant_generation + 1);
+    world.clear_faults();
+    let status = world.get(&c.env.id).await.status.expect("status");
+    assert_eq!(
+        status.epoch,
+        Some(claim.epoch),
+        "revocation keeps the epoch"
+    );
+    assert_eq!(status.grant_generation, Some(generation));
+    let rc = execution_provider::store::ClaimContext {
+        claim_id: claim.claim_id,
+        run_id: claim.run_id,
+        epoch: claim.epoch,
+        grant_generation: claim.grant_generation,
+        ..c.rc
+    };
+    let stale = store.validate_run_claim(&c.caller, &rc).await;
+    assert_eq!(stale.err().expect("revoked").code(), ErrorCode::Conflict);
+}

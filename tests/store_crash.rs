@@ -15,7 +15,12 @@ const ENSURE_WRITES: usize = 3;
 
 #[tokio::test]
 async fn an_allocation_interrupted_at_any_write_converges_on_retry_with_exact_capacity() {
-    for fault in [Fault::Transport, Fault::Status(500), Fault::Status(403)] {
+    for fault in [
+        Fault::Transport,
+        Fault::LostAnswer,
+        Fault::Status(500),
+        Fault::Status(403),
+    ] {
         for n in 1..=ENSURE_WRITES {
             let world = World::new().await;
             let req = ensure_request(&world, CLIENT, "alice", "b1", "pair", "op-1");
@@ -133,34 +138,74 @@ async fn a_renewal_write_lost_in_transport_cancels_and_fences() {
 
 #[tokio::test]
 async fn a_reservation_interrupted_at_its_write_replays_exactly_once() {
-    let world = World::new().await;
-    let store = world.store();
-    let req = ensure_request(&world, CLIENT, "alice", "src", "roomy", "op-e");
-    let a = store.ensure_template(&req).await.expect("ensure");
-    store
-        .commit_reference(&a.env, &req.caller, "src", "op-e")
-        .await
-        .expect("commit");
-    world.fail_write(1, Fault::Transport, "executionenvironments");
-    let lost = store
-        .reserve_successor(&a.env, &req.caller, "src", "dst", "op-r")
-        .await;
-    assert!(lost.is_err());
-    world.clear_faults();
-    let fresh = world.store();
-    fresh
-        .reserve_successor(&a.env, &req.caller, "src", "dst", "op-r")
-        .await
-        .expect("retry");
-    fresh
-        .reserve_successor(&a.env, &req.caller, "src", "dst", "op-r")
-        .await
-        .expect("replay");
-    let refs = world
-        .get(&a.env.id)
-        .await
-        .status
-        .expect("status")
-        .references;
-    assert_eq!(refs.len(), 2);
+    for fault in [Fault::Transport, Fault::LostAnswer] {
+        let world = World::new().await;
+        let store = world.store();
+        let req = ensure_request(&world, CLIENT, "alice", "src", "roomy", "op-e");
+        let a = store.ensure_template(&req).await.expect("ensure");
+        store
+            .commit_reference(&a.env, &req.caller, "src", "op-e")
+            .await
+            .expect("commit");
+        world.fail_write(1, fault, "executionenvironments");
+        let lost = store
+            .reserve_successor(&a.env, &req.caller, "src", "dst", "op-r")
+            .await;
+        assert!(lost.is_err(), "{fault:?}");
+        world.clear_faults();
+        let fresh = world.store();
+        fresh
+            .reserve_successor(&a.env, &req.caller, "src", "dst", "op-r")
+            .await
+            .expect("retry");
+        fresh
+            .reserve_successor(&a.env, &req.caller, "src", "dst", "op-r")
+            .await
+            .expect("replay");
+        let refs = world
+            .get(&a.env.id)
+            .await
+            .status
+            .expect("status")
+            .references;
+        assert_eq!(refs.len(), 2, "{fault:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_applied_dispatch_write_whose_answer_is_lost_never_runs_twice_and_hides_no_unknown() {
+    // Environment writes of one dispatch: admission, completion; each lands, its answer is lost.
+    for n in 1..=2 {
+        let world = World::new().await;
+        let store = world.store();
+        let c = claimed(&world, &store, "alice", "b1").await;
+        world.fail_write(n, Fault::LostAnswer, "executionenvironments");
+        let result = store.execute(&c.caller, &c.rc, stat("a")).await;
+        world.clear_faults();
+        let status = world.get(&c.env.id).await.status.expect("status");
+        if n == 1 {
+            // The operation landed but was never confirmed: fenced at once (DECISIONS 11),
+            // kept on record, and nothing was dispatched.
+            assert_eq!(
+                result.expect_err("admission unanswered").code(),
+                ErrorCode::Internal
+            );
+            assert_eq!(world.executor.call_count(), 0);
+            assert!(status.active_operation.is_some());
+            assert_eq!(status.fence_state, Some(FenceState::FenceUnknown));
+            let retry = world.store().execute(&c.caller, &c.rc, stat("a")).await;
+            assert_eq!(retry.expect_err("fenced").code(), ErrorCode::NotReady);
+            assert_eq!(world.executor.call_count(), 0, "never dispatched");
+        } else {
+            // The completion landed (the operation is cleared, Healthy) but the caller cannot
+            // know it: it is told fence_unknown, never a success it cannot prove.
+            assert_eq!(
+                result.expect_err("completion unanswered").code(),
+                ErrorCode::FenceUnknown
+            );
+            assert_eq!(world.executor.call_count(), 1);
+            assert!(status.active_operation.is_none());
+            assert_eq!(status.fence_state, Some(FenceState::Healthy));
+        }
+    }
 }

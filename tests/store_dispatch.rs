@@ -280,7 +280,7 @@ async fn a_new_store_instance_never_touches_an_operation_it_did_not_start() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_data_plane_call_costs_two_writes_and_two_reads_in_the_store_when_uncontended() {
+async fn a_data_plane_call_reads_once_and_confirms_on_the_admission_response() {
     let world = World::new().await;
     let store = world.store();
     let c = claimed(&world, &store, "alice", "b1").await;
@@ -291,6 +291,126 @@ async fn a_data_plane_call_costs_two_writes_and_two_reads_in_the_store_when_unco
         .expect("stat");
     let f = world.faults.lock().expect("faults");
     assert_eq!(f.count("PUT", "executionenvironments"), 2, "{:?}", f.counts);
-    // The admission reads; the re-read confirms before dispatch and seeds the completion.
-    assert_eq!(f.count("GET", "executionenvironments"), 2, "{:?}", f.counts);
+    // The admission reads; the confirmation before dispatch uses the admission write's
+    // response, and the completion starts from it.
+    assert_eq!(f.count("GET", "executionenvironments"), 1, "{:?}", f.counts);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_renewed_by_its_client_during_a_long_call_keeps_the_lease() {
+    let world = World::new().await;
+    let store = world.store();
+    let c = claimed_for(&world, &store, "alice", "b1", Duration::from_secs(30)).await;
+    world.executor.push(Script::Sleep(Duration::from_secs(45)));
+    let task = {
+        let (store, caller, rc) = (store.clone(), c.caller.clone(), c.rc.clone());
+        tokio::spawn(async move { store.execute(&caller, &rc, stat("a")).await })
+    };
+    wait_for_dispatch(&world).await;
+    tokio::time::advance(Duration::from_secs(25)).await;
+    // The renewal at 30 s starts from the object it wrote at 20 s, where the claim ends at
+    // 30 s: that refusal must be re-decided on the fresh state, which holds the renewal.
+    store
+        .renew_run(&c.caller, &c.rc, "op-renew", Duration::from_secs(60))
+        .await
+        .expect("renew run");
+    task.await.expect("join").expect("the call completes");
+    let o = world.get(&c.env.id).await;
+    assert_eq!(fence_state(&o), Some(FenceState::Healthy));
+    assert_eq!(*world.executor.cancelled.lock().expect("cancelled"), 0);
+}
+
+/// A client policy the test withdraws at will.
+#[derive(Default)]
+struct Switch(std::sync::atomic::AtomicBool);
+
+impl execution_provider::store::policy::PolicyCheck for Switch {
+    fn current(&self, _template_id: &str) -> bool {
+        !self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Switch {
+    fn withdraw(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_withdrawn_during_a_command_cancels_it_and_fences_keeping_the_operation() {
+    let world = World::new().await;
+    let store = world.store();
+    let c = claimed(&world, &store, "alice", "b1").await;
+    let policy = std::sync::Arc::new(Switch::default());
+    let validated = store
+        .validate_run_claim_under(&c.caller, &c.rc, policy.clone())
+        .await
+        .expect("validate");
+    world.executor.push(Script::WaitForCancel);
+    let task = {
+        let store = store.clone();
+        let command = ExecutorRequest::command("cmd".to_owned(), "sleep 600".to_owned());
+        tokio::spawn(async move { store.execute_validated(validated, command).await })
+    };
+    wait_for_dispatch(&world).await;
+    policy.withdraw();
+    let err = task.await.expect("join").expect_err("policy withdrawn");
+    assert_eq!(err.code(), ErrorCode::FenceUnknown);
+    assert_eq!(*world.executor.cancelled.lock().expect("cancelled"), 1);
+    let o = world.get(&c.env.id).await;
+    assert_eq!(fence_state(&o), Some(FenceState::FenceUnknown));
+    let op = active_op(&o).expect("identity kept for recovery");
+    // No takeover: another replica cannot dispatch, nor can this one.
+    let again = world.store().execute(&c.caller, &c.rc, stat("b")).await;
+    assert_eq!(again.expect_err("fenced").code(), ErrorCode::NotReady);
+    assert_eq!(world.executor.call_count(), 1);
+    assert_eq!(active_op(&world.get(&c.env.id).await), Some(op));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_policy_withdrawn_before_completion_fences_with_authority_changed() {
+    let world = World::new().await;
+    let store = world.store();
+    let c = claimed(&world, &store, "alice", "b1").await;
+    let policy = std::sync::Arc::new(Switch::default());
+    let validated = store
+        .validate_run_claim_under(&c.caller, &c.rc, policy.clone())
+        .await
+        .expect("validate");
+    // Shorter than a renewal period: only the completion write sees the withdrawal.
+    world.executor.push(Script::Sleep(Duration::from_secs(5)));
+    let task = {
+        let store = store.clone();
+        tokio::spawn(async move { store.execute_validated(validated, stat("a")).await })
+    };
+    wait_for_dispatch(&world).await;
+    policy.withdraw();
+    let err = task.await.expect("join").expect_err("authority changed");
+    assert_eq!(err.code(), ErrorCode::FenceUnknown);
+    assert!(
+        err.to_string()
+            .contains("authority changed before completion"),
+        "{err}"
+    );
+    let o = world.get(&c.env.id).await;
+    assert_eq!(fence_state(&o), Some(FenceState::FenceUnknown));
+    assert!(active_op(&o).is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_withdrawn_policy_is_refused_at_validation_without_any_write() {
+    let world = World::new().await;
+    let store = world.store();
+    let c = claimed(&world, &store, "alice", "b1").await;
+    let policy = std::sync::Arc::new(Switch::default());
+    policy.withdraw();
+    world.faults.lock().expect("faults").reset_counts();
+    let err = store
+        .validate_run_claim_under(&c.caller, &c.rc, policy)
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(err.code(), ErrorCode::NotReady);
+    assert_eq!(world.faults.lock().expect("faults").writes, 0);
+    assert_eq!(world.executor.call_count(), 0);
 }

@@ -44,25 +44,52 @@ pub async fn update_status<T>(
 pub async fn update_status_from<T>(
     api: &Api<ExecutionEnvironment>,
     name: &str,
+    known: Option<ExecutionEnvironment>,
+    mutate: impl FnMut(&mut ExecutionEnvironment) -> Result<Decision<T>, StoreError>,
+) -> Result<T, StoreError> {
+    update_status_observed(api, name, known, mutate)
+        .await
+        .map(|(answer, _)| answer)
+}
+
+/// [`update_status_from`] that also returns the object as the API server holds it after the
+/// call: the write's response (the post-write state with its new `resourceVersion`), or the
+/// object the decision was taken on when nothing was written. A caller that goes on working
+/// with the environment starts its next write from it instead of reading again.
+///
+/// Only a write is checked by the server, so a decision taken on `known` counts only when it
+/// writes: a refusal or a no-op decided on `known` (which may be stale) is taken again on a
+/// fresh read before it is answered.
+pub async fn update_status_observed<T>(
+    api: &Api<ExecutionEnvironment>,
+    name: &str,
     mut known: Option<ExecutionEnvironment>,
     mut mutate: impl FnMut(&mut ExecutionEnvironment) -> Result<Decision<T>, StoreError>,
-) -> Result<T, StoreError> {
-    for _ in 0..MAX_ATTEMPTS {
-        let mut object = match known.take() {
-            Some(object) => object,
-            None => get(api, name)
-                .await?
-                .ok_or_else(|| StoreError::not_found(name, "environment does not exist"))?,
+) -> Result<(T, ExecutionEnvironment), StoreError> {
+    let mut attempts = 0;
+    while attempts < MAX_ATTEMPTS {
+        let (mut object, cached) = match known.take() {
+            Some(object) => (object, true),
+            None => {
+                attempts += 1;
+                let fresh = get(api, name)
+                    .await?
+                    .ok_or_else(|| StoreError::not_found(name, "environment does not exist"))?;
+                (fresh, false)
+            }
         };
-        #[cfg(debug_assertions)]
-        let before = object.clone();
-        let answer = match mutate(&mut object)? {
-            Decision::Keep(answer) => return Ok(answer),
-            Decision::Write(answer) => answer,
+        let observed = object.clone();
+        let decision = mutate(&mut object);
+        let answer = match decision {
+            Ok(Decision::Write(answer)) => answer,
+            // A refusal or no-op on a possibly stale copy: decide again on a fresh read.
+            Ok(Decision::Keep(_)) | Err(_) if cached => continue,
+            Ok(Decision::Keep(answer)) => return Ok((answer, observed)),
+            Err(error) => return Err(error),
         };
         #[cfg(debug_assertions)]
         {
-            let broken = super::invariants::transition_violation(&before, &object);
+            let broken = super::invariants::transition_violation(&observed, &object);
             debug_assert!(
                 broken.is_none(),
                 "store invariant broken on {name}: {broken:?}"
@@ -72,7 +99,7 @@ pub async fn update_status_from<T>(
             .replace_status(name, &PostParams::default(), &object)
             .await
         {
-            Ok(_) => return Ok(answer),
+            Ok(written) => return Ok((answer, written)),
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
             Err(e) => return Err(StoreError::kube(name, e)),
         }

@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::cas::{self, Decision};
 use super::naming::{client_hash, fingerprint};
 use super::predicates::{
-    active, claim_current, creator_matches, env_ref, healthy, published, ready, schema_current,
-    template_retained, valid_claim,
+    active, creator_matches, env_ref, healthy, published, ready, schema_current, template_retained,
+    valid_claim,
 };
 use super::{Caller, ClaimContext, EnvRef, MAX_RUN_TTL, MIN_RUN_TTL, RunClaim, Store, StoreError};
 use crate::kube::crd::{ActiveRun, ExecutionEnvironment, RenewReceipt, RfcTime};
@@ -257,41 +257,6 @@ impl Store {
             Ok(Decision::Write(()))
         })
         .await
-    }
-
-    /// The read-only gate before any dispatch: the presented tuple must be the current claim
-    /// on a ready, healthy environment through a published binding.
-    pub async fn validate_run_claim(
-        &self,
-        caller: &Caller,
-        rc: &ClaimContext,
-    ) -> Result<ExecutionEnvironment, StoreError> {
-        let env = &rc.env;
-        if !in_token_range(rc.epoch) || !in_token_range(rc.grant_generation) {
-            return Err(StoreError::InvalidArgument(
-                "epoch or generation out of range",
-            ));
-        }
-        let o = match cas::get(&self.api, &env.id).await {
-            Ok(Some(o)) => o,
-            _ => return Err(StoreError::not_found(&env.id, "environment unavailable")),
-        };
-        if !creator_matches(&o, caller) {
-            return Err(StoreError::not_found(&env.id, "creator or owner differs"));
-        }
-        if !schema_current(&o) {
-            return Err(StoreError::not_ready(&env.id, "incompatible schema"));
-        }
-        if !template_retained(&o, &self.templates) {
-            return Err(StoreError::not_ready(&env.id, "template revoked"));
-        }
-        if !claim_current(&o, rc, self.now()) {
-            return Err(StoreError::conflict(&env.id, "run claim is not current"));
-        }
-        if !published(&o, &rc.binding_id) || !active(&o) || !ready(&o) || !healthy(&o) {
-            return Err(StoreError::not_ready(&env.id, "environment is not serving"));
-        }
-        Ok(o)
     }
 }
 

@@ -1,19 +1,29 @@
 //! The claimed and fenced dispatch of file operations and commands: an admission write
-//! records the in-flight operation, a re-read confirms it before anything is sent, the
-//! executor runs it, and a completion write clears it only when the outcome is known.
+//! records the in-flight operation, its response (the server's state right after the write)
+//! confirms it before anything is sent, the executor runs it under the operation lease, and
+//! a completion write clears it only when the outcome is known.
 //! An unknown outcome fences the environment and keeps the operation on record.
+//!
+//! Cost: uncontended, a call makes one read and two writes in all. The read is the
+//! validation's ([`Store::validate_run_claim_under`]), and the admission write starts from it;
+//! the confirmation before dispatch checks the admission write's response (the post-write
+//! state, with its `resourceVersion`) instead of reading again; the completion write starts
+//! from the newest object this dispatch wrote (admission or last renewal). Each lease renewal
+//! of a long call adds one write. A refusal decided on a cached object is re-decided on a
+//! fresh read ([`cas::update_status_observed`]), so no check is weakened by the saving.
 
 use super::cas::{self, Decision};
-use super::lease::{authority_current, lease_current, op_matches};
+use super::lease::{OperationLease, authority_current, lease_current, op_matches};
+use super::policy::{PolicyCheck, SharedPolicyCheck, unchecked};
 use super::predicates::{
     active, claim_current, creator_matches, env_ref, healthy, published, ready, schema_current,
     template_retained,
 };
+use super::validate::ValidatedClaim;
 use super::{Caller, ClaimContext, OPERATION_TTL, Store, StoreError};
 use crate::errors::ErrorCode;
-use crate::executor::protocol::ExecutorEnvelope;
 use crate::executor::protocol::{ExecutorRequest, ExecutorResponse, Operation};
-use crate::executor::transport::{CancelHandle, ExecutorTarget, TransportError};
+use crate::executor::transport::{ExecutorTarget, TransportError};
 use crate::kube::crd::{ActiveOperation, ExecutionEnvironment, FenceState, RfcTime};
 
 /// How an executor call ended, before the completion write.
@@ -27,28 +37,77 @@ enum Outcome {
 }
 
 impl Store {
-    /// Runs one helper request under the caller's current run claim. Once admitted, the
-    /// dispatch and its completion write run in their own task: a caller that goes away
-    /// (cancelled RPC) neither abandons the helper call nor skips the completion write.
+    /// Runs one helper request under the caller's current run claim, without a prior
+    /// validation and without a security layer (the admission write makes every check).
     pub async fn execute(
         &self,
         caller: &Caller,
         rc: &ClaimContext,
+        request: ExecutorRequest,
+    ) -> Result<ExecutorResponse, StoreError> {
+        self.dispatch(caller, rc, None, unchecked(), request).await
+    }
+
+    /// Runs one helper request under a claim [`Store::validate_run_claim_under`] just found
+    /// current: the admission starts from that observation, and the caller's policy check is
+    /// asked again before dispatch, at every lease renewal and at completion (§8.2).
+    pub async fn execute_validated(
+        &self,
+        claim: ValidatedClaim,
+        request: ExecutorRequest,
+    ) -> Result<ExecutorResponse, StoreError> {
+        let ValidatedClaim {
+            caller,
+            rc,
+            observed,
+            policy,
+        } = claim;
+        self.dispatch(&caller, &rc, Some(observed), policy, request)
+            .await
+    }
+
+    /// Admission, confirmation, then the dispatch and its completion write in their own
+    /// task: a caller that goes away (cancelled RPC) neither abandons the helper call nor
+    /// skips the completion write.
+    async fn dispatch(
+        &self,
+        caller: &Caller,
+        rc: &ClaimContext,
+        known: Option<ExecutionEnvironment>,
+        policy: SharedPolicyCheck,
         mut request: ExecutorRequest,
     ) -> Result<ExecutorResponse, StoreError> {
         let env = rc.env.id.clone();
         let operation_id = self.runtime.ids.hex(16);
-        let (pod_name, bounds) = self.admit(caller, rc, &mut request, &operation_id).await?;
-        let confirmed = self
-            .confirm_before_dispatch(caller, rc, &operation_id)
-            .await?;
+        let admission = self
+            .admit(caller, rc, known, &mut request, &operation_id)
+            .await;
+        let ((pod_name, bounds), written) = match admission {
+            Ok(admitted) => admitted,
+            Err(error @ StoreError::Kube { .. }) => {
+                // The write may have landed without its answer (DECISIONS 11: fence at once).
+                self.fence(&env, &operation_id).await;
+                return Err(error);
+            }
+            Err(error) => return Err(error),
+        };
+        let confirmed =
+            self.confirm_before_dispatch(caller, rc, &operation_id, written, policy.as_ref());
+        let confirmed = match confirmed {
+            Ok(object) => object,
+            Err(error) => {
+                self.fence(&env, &operation_id).await;
+                return Err(error);
+            }
+        };
         let store = self.clone();
         let rc = rc.clone();
         let admitted = Admitted {
             operation_id,
             pod_name,
             bounds,
-            confirmed,
+            latest: confirmed,
+            policy,
         };
         tokio::spawn(async move { store.dispatch_admitted(&rc, request, admitted).await })
             .await
@@ -70,16 +129,19 @@ impl Store {
             environment: env.clone(),
         };
         let operation = request.operation.clone();
-        let (result, lease_lost) = self
-            .dispatch_under_lease(&target, request, rc, &operation_id)
-            .await;
+        let lease = OperationLease {
+            rc,
+            operation_id: &operation_id,
+            policy: admitted.policy.as_ref(),
+            latest: std::sync::Mutex::new(admitted.latest),
+        };
+        let (result, lease_lost) = self.dispatch_under_lease(&target, request, &lease).await;
         let outcome = if lease_lost {
             Outcome::Unknown
         } else {
             bounded(classify(&operation, result), admitted.bounds)
         };
-        self.complete(rc, &operation_id, &outcome, admitted.confirmed)
-            .await?;
+        self.complete(&lease, &outcome).await?;
         match outcome {
             Outcome::Done(response) => Ok(*response),
             Outcome::Refused(code) => Err(StoreError::Executor { env, code }),
@@ -91,46 +153,19 @@ impl Store {
         }
     }
 
-    /// Runs the executor call while renewing the operation lease. When a renewal fails the
-    /// call is asked to stop (its cancel signal fires) and is still awaited to its end, so
-    /// the lease stays on record while the helper may be live. Returns the executor result
-    /// and whether the lease was lost.
-    async fn dispatch_under_lease(
-        &self,
-        target: &ExecutorTarget,
-        request: ExecutorRequest,
-        rc: &ClaimContext,
-        operation_id: &str,
-    ) -> (Result<ExecutorEnvelope, TransportError>, bool) {
-        let (handle, signal) = CancelHandle::new();
-        let call = self.executor.execute(target, request, signal);
-        tokio::pin!(call);
-        let renewal = self.renew_until_lost(rc, operation_id);
-        tokio::pin!(renewal);
-        let mut lost = false;
-        loop {
-            tokio::select! {
-                result = &mut call => return (result, lost),
-                _ = &mut renewal, if !lost => {
-                    lost = true;
-                    handle.cancel();
-                }
-            }
-        }
-    }
-
     /// The admission write: every gate in order, then `activeOperation`. Returns the Pod.
     async fn admit(
         &self,
         caller: &Caller,
         rc: &ClaimContext,
+        known: Option<ExecutionEnvironment>,
         request: &mut ExecutorRequest,
         operation_id: &str,
-    ) -> Result<(String, Bounds), StoreError> {
+    ) -> Result<((String, Bounds), ExecutionEnvironment), StoreError> {
         let env = &rc.env.id;
         let now = self.now();
         let holder = self.holder_id.clone();
-        cas::update_status(&self.api, env, |o| {
+        cas::update_status_observed(&self.api, env, known, |o| {
             if !creator_matches(o, caller) {
                 return Err(StoreError::not_found(env, "creator or owner differs"));
             }
@@ -229,26 +264,31 @@ impl Store {
         })
     }
 
-    /// Re-reads after admission: the operation must still be ours and the claim current. If
-    /// not, the environment is fenced at once (DECISIONS 11) and nothing is dispatched.
-    async fn confirm_before_dispatch(
+    /// Confirms after admission, on the admission write's response (the server's state
+    /// right after the write): the operation must still be ours, its lease and the claim
+    /// current, and the caller's policy still in force. If not, the caller fences at once
+    /// (DECISIONS 11) and nothing is dispatched.
+    fn confirm_before_dispatch(
         &self,
         caller: &Caller,
         rc: &ClaimContext,
         operation_id: &str,
+        written: ExecutionEnvironment,
+        policy: &dyn PolicyCheck,
     ) -> Result<ExecutionEnvironment, StoreError> {
-        let env = &rc.env.id;
-        if let Ok(Some(o)) = cas::get(&self.api, env).await {
-            let now = self.now();
-            if creator_matches(&o, caller)
-                && lease_current(&o, rc, operation_id, &self.holder_id, now)
-                && authority_current(&o, rc, &self.templates, now)
-            {
-                return Ok(o);
-            }
+        let now = self.now();
+        let confirmed = creator_matches(&written, caller)
+            && lease_current(&written, rc, operation_id, &self.holder_id, now)
+            && authority_current(&written, rc, &self.templates, now)
+            && policy.current(&written.spec.template_id);
+        if confirmed {
+            Ok(written)
+        } else {
+            Err(StoreError::fence(
+                &rc.env.id,
+                "identity changed before dispatch",
+            ))
         }
-        self.fence(env, operation_id).await;
-        Err(StoreError::fence(env, "identity changed before dispatch"))
     }
 
     fn operation_is_ours(&self, o: &ExecutionEnvironment, operation_id: &str) -> bool {
@@ -258,24 +298,25 @@ impl Store {
             .is_some_and(|op| op.id == operation_id && op.holder_id == self.holder_id)
     }
 
-    /// The completion write: clear the operation when its outcome is known and the claim is
-    /// still current; otherwise fence and keep it on record.
+    /// The completion write, from the newest object this dispatch wrote: clear the operation
+    /// when its outcome is known and the lease, the claim and the caller's policy are still
+    /// current; otherwise fence and keep it on record.
     async fn complete(
         &self,
-        rc: &ClaimContext,
-        operation_id: &str,
+        lease: &OperationLease<'_>,
         outcome: &Outcome,
-        confirmed: ExecutionEnvironment,
     ) -> Result<(), StoreError> {
+        let (rc, operation_id) = (lease.rc, lease.operation_id);
         let env = &rc.env.id;
         let terminal = !matches!(outcome, Outcome::Unknown);
         let now = self.now();
-        let authority_kept = cas::update_status_from(&self.api, env, Some(confirmed), |o| {
+        let authority_kept = cas::update_status_from(&self.api, env, Some(lease.latest()), |o| {
             if !op_matches(o, rc, operation_id, &self.holder_id) {
                 return Err(StoreError::fence(env, "could not persist terminal state"));
             }
             let current = lease_current(o, rc, operation_id, &self.holder_id, now)
-                && authority_current(o, rc, &self.templates, now);
+                && authority_current(o, rc, &self.templates, now)
+                && lease.policy.current(&o.spec.template_id);
             let status = o.status.get_or_insert_with(Default::default);
             if terminal && current {
                 status.active_operation = None;
@@ -318,7 +359,10 @@ struct Admitted {
     operation_id: String,
     pod_name: String,
     bounds: Bounds,
-    confirmed: ExecutionEnvironment,
+    /// The confirmed post-admission object: renewals and the completion start from it.
+    latest: ExecutionEnvironment,
+    /// The caller's policy check, asked at every renewal and at completion.
+    policy: SharedPolicyCheck,
 }
 
 /// The template's bounds on what an executor may answer.

@@ -2,15 +2,21 @@
 //! one executor dispatch, held by one store instance (`holderID`, fresh per replica process)
 //! under one run claim, until `expiresAt`. The holder renews it every `OPERATION_TTL / 3`
 //! while the executor runs; a renewal that fails (authority lost, lease taken, persistence
-//! error) cancels the executor call, and the dispatch then fences the environment.
+//! error, or the caller's client policy withdrawn: §8.2 `policyCurrent`, asked through the
+//! dispatch's [`PolicyCheck`]) cancels the executor call, and the dispatch then fences the
+//! environment.
 //!
 //! Start-up never touches operation ownership: nothing here runs except inside a dispatch.
 
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 use super::cas::{self, Decision};
+use super::policy::{NoPolicyCheck, PolicyCheck};
 use super::predicates::{claim_current, healthy, schema_current, template_retained};
 use super::{ClaimContext, OPERATION_TTL, Store, StoreError};
+use crate::executor::protocol::{ExecutorEnvelope, ExecutorRequest};
+use crate::executor::transport::{CancelHandle, ExecutorTarget, TransportError};
 use crate::kube::crd::{ExecutionEnvironment, RfcTime};
 use crate::templates::TemplateRegistry;
 
@@ -68,19 +74,55 @@ pub fn authority_current(
         && run_epoch == Some(rc.epoch)
 }
 
+/// One dispatch's hold on its lease: whose operation, under which claim and policy, and the
+/// newest object this dispatch wrote (each renewal and the completion start from it, so an
+/// uncontended renewal costs one write and no read).
+pub(super) struct OperationLease<'a> {
+    pub rc: &'a ClaimContext,
+    pub operation_id: &'a str,
+    pub policy: &'a dyn PolicyCheck,
+    pub latest: Mutex<ExecutionEnvironment>,
+}
+
+impl OperationLease<'_> {
+    /// The newest object this dispatch wrote.
+    pub fn latest(&self) -> ExecutionEnvironment {
+        self.latest.lock().expect("lease object lock").clone()
+    }
+
+    fn record(&self, written: ExecutionEnvironment) {
+        *self.latest.lock().expect("lease object lock") = written;
+    }
+}
+
 impl Store {
-    /// One renewal: requires the lease and the authority to be current, then extends the lease
-    /// to `now + OPERATION_TTL`.
+    /// One renewal by this store (as holder) without a security layer: requires the lease
+    /// and the authority to be current, then extends the lease to `now + OPERATION_TTL`.
     pub async fn renew_operation_lease(
         &self,
         rc: &ClaimContext,
         op_id: &str,
     ) -> Result<(), StoreError> {
+        self.renew_from(rc, op_id, &NoPolicyCheck, None)
+            .await
+            .map(drop)
+    }
+
+    /// One renewal starting from `known` (when given): lease, authority and the caller's
+    /// policy must all be current (§8.3). Returns the written object.
+    async fn renew_from(
+        &self,
+        rc: &ClaimContext,
+        op_id: &str,
+        policy: &dyn PolicyCheck,
+        known: Option<ExecutionEnvironment>,
+    ) -> Result<ExecutionEnvironment, StoreError> {
         let env = &rc.env.id;
         let now = self.now();
-        cas::update_status(&self.api, env, |o| {
+        let ((), written) = cas::update_status_observed(&self.api, env, known, |o| {
             if !lease_current(o, rc, op_id, &self.holder_id, now)
                 || !authority_current(o, rc, &self.templates, now)
+                || !policy.current(&o.spec.template_id)
             {
                 return Err(StoreError::fence(env, "lease renewal failed"));
             }
@@ -91,17 +133,56 @@ impl Store {
             }
             Ok(Decision::Write(()))
         })
-        .await
+        .await?;
+        Ok(written)
     }
 
     /// Renews every [`RENEW_PERIOD`] until a renewal fails, and returns that failure. The
     /// dispatch drops this future when the executor call finishes first.
-    pub(super) async fn renew_until_lost(&self, rc: &ClaimContext, op_id: &str) -> StoreError {
+    async fn renew_until_lost(&self, lease: &OperationLease<'_>) -> StoreError {
         loop {
             tokio::time::sleep(RENEW_PERIOD).await;
-            if let Err(error) = self.renew_operation_lease(rc, op_id).await {
-                tracing::warn!(env = %rc.env.id, %error, "operation lease lost; cancelling");
-                return error;
+            let renewal = self
+                .renew_from(
+                    lease.rc,
+                    lease.operation_id,
+                    lease.policy,
+                    Some(lease.latest()),
+                )
+                .await;
+            match renewal {
+                Ok(written) => lease.record(written),
+                Err(error) => {
+                    tracing::warn!(env = %lease.rc.env.id, %error, "operation lease lost; cancelling");
+                    return error;
+                }
+            }
+        }
+    }
+
+    /// Runs the executor call while renewing the operation lease. When a renewal fails the
+    /// call is asked to stop (its cancel signal fires) and is still awaited to its end, so
+    /// the lease stays on record while the helper may be live. Returns the executor result
+    /// and whether the lease was lost.
+    pub(super) async fn dispatch_under_lease(
+        &self,
+        target: &ExecutorTarget,
+        request: ExecutorRequest,
+        lease: &OperationLease<'_>,
+    ) -> (Result<ExecutorEnvelope, TransportError>, bool) {
+        let (handle, signal) = CancelHandle::new();
+        let call = self.executor.execute(target, request, signal);
+        tokio::pin!(call);
+        let renewal = self.renew_until_lost(lease);
+        tokio::pin!(renewal);
+        let mut lost = false;
+        loop {
+            tokio::select! {
+                result = &mut call => return (result, lost),
+                _ = &mut renewal, if !lost => {
+                    lost = true;
+                    handle.cancel();
+                }
             }
         }
     }

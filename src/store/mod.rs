@@ -7,8 +7,9 @@
 //!
 //! Operations: [`Store::ensure_template`] (allocation), [`Store::commit_reference`],
 //! [`Store::attach`], run claims ([`Store::acquire_run`], [`Store::renew_run`],
-//! [`Store::release_run`], [`Store::validate_run_claim`]) and the claimed, fenced dispatch of
-//! file operations and commands ([`Store::execute`]).
+//! [`Store::release_run`], [`Store::validate_run_claim_under`]) and the claimed, fenced
+//! dispatch of file operations and commands ([`Store::execute_validated`]), which re-asks the
+//! caller's client policy ([`policy::PolicyCheck`]) for as long as the operation runs.
 
 pub mod admin;
 pub mod cas;
@@ -22,9 +23,11 @@ pub mod lease;
 pub mod ledger;
 pub mod lifecycle;
 pub mod naming;
+pub mod policy;
 pub mod predicates;
 pub mod references;
 pub mod revoke;
+pub mod validate;
 
 use std::sync::Arc;
 use std::time::SystemTime;

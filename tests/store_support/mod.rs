@@ -46,8 +46,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// How an injected fault fails a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// The request never gets an answer (ambiguous: it may or may not have been applied).
+    /// The request never gets an answer and was not applied.
     Transport,
+    /// The request is applied, then its answer is lost (the ambiguous case a caller cannot
+    /// tell from [`Fault::Transport`]).
+    LostAnswer,
     /// The API server answers with this status; nothing is applied.
     Status(u16),
 }
@@ -146,6 +149,12 @@ where
             match fault {
                 Some(Fault::Transport) => Err::<_, BoxError>("injected transport failure".into()),
                 Some(Fault::Status(code)) => Ok(status_response(code)),
+                Some(Fault::LostAnswer) => {
+                    tower::Service::call(&mut inner, request)
+                        .await
+                        .map_err(|e: Infallible| -> BoxError { match e {} })?;
+                    Err("injected loss of an applied write's answer".into())
+                }
                 None => {
                     let response = tower::Service::call(&mut inner, request)
                         .await
@@ -213,7 +222,7 @@ pub fn revision_of(registry: &TemplateRegistry, id: &str) -> String {
 
 /// Templates: `roomy` (limit 100), `small` (two revisions, limits 1 and 2: capacity 1),
 /// `pair` (limit 2) and `other` (limit 100).
-pub fn registry() -> TemplateRegistry {
+fn registry_json() -> String {
     let one = |limit: i64, byte: char| {
         let e = execution(limit, byte);
         let key = key_of(&e);
@@ -231,10 +240,43 @@ pub fn registry() -> TemplateRegistry {
         "pair": one(2, 'd').1,
         "other": one(100, 'e').1,
     }});
+    file.to_string()
+}
+
+/// The registry of [`registry_json`].
+pub fn registry() -> TemplateRegistry {
+    TemplateRegistry::from_yaml_str(&registry_json(), "store-tests").expect("registry")
+}
+
+/// [`registry`] where the revision `roomy` allocates from has been marked `flag`
+/// (`deprecated` or `revoked`) and a new revision became the default.
+pub fn registry_with_roomy(flag: &str) -> TemplateRegistry {
+    let (old, new) = (execution(100, 'a'), execution(100, 'f'));
+    let (ko, kn) = (key_of(&old), key_of(&new));
+    let mut file: Value = serde_json::from_str(&registry_json()).expect("json");
+    file["templates"]["roomy"] = json!({"default": kn, "revisions": {
+        ko: {"execution": old, flag: true},
+        kn: {"execution": new},
+    }});
     TemplateRegistry::from_yaml_str(&file.to_string(), "store-tests").expect("registry")
 }
 
 impl World {
+    /// A store instance over this world with another template registry (a reloaded one).
+    pub fn store_with(&self, templates: TemplateRegistry) -> Store {
+        let runtime = Runtime {
+            clock: self.clock.clone(),
+            ids: Arc::new(SeededIds::new(7_000)),
+        };
+        Store::new(
+            self.client(),
+            NAMESPACE,
+            Arc::new(templates),
+            self.executor.clone(),
+            runtime,
+        )
+    }
+
     /// A fresh world with the capacity ledger ConfigMap present.
     pub async fn new() -> World {
         let world = World::without_ledger();

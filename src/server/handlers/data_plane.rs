@@ -1,5 +1,12 @@
 //! The data plane: file operations and foreground commands under a current run claim.
+//!
+//! [`PeerPolicy`] is the store's §8.2 `policyCurrent` for one call: it re-authenticates the
+//! call's peer chain against the security state in force at each moment the store asks
+//! (validation, confirmation, every lease renewal, completion).
 
+use std::sync::Arc;
+
+use rustls::pki_types::CertificateDer;
 use tonic::{Request, Response, Status};
 
 use super::ProviderService;
@@ -7,7 +14,26 @@ use super::auth::*;
 use crate::api::pb;
 use crate::errors::ErrorCode;
 use crate::executor::protocol::ExecutorRequest;
+use crate::security::{Client, Security};
 use crate::server::{convert, file_rules};
+use crate::store::policy::{PolicyCheck, SharedPolicyCheck};
+
+/// The caller's policy as in force now: the same peer chain still authenticates, to the same
+/// client, which may still attest owners and use the environment's template.
+struct PeerPolicy {
+    security: Security,
+    certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+    uri: String,
+}
+
+impl PolicyCheck for PeerPolicy {
+    fn current(&self, template_id: &str) -> bool {
+        let certs = self.certs.as_deref().map(Vec::as_slice);
+        self.security
+            .authenticate(certs)
+            .is_ok_and(|c| c.uri == self.uri && c.policy.may_use_template(template_id))
+    }
+}
 
 impl ProviderService {
     pub(super) async fn handle_files(
@@ -21,10 +47,12 @@ impl ProviderService {
         file_rules::check(&operation, r).map_err(|_| refuse(ErrorCode::InvalidArgument))?;
         let (caller, rc) =
             self.data_plane_context(&client, r.context.as_ref(), operation.as_str())?;
-        self.store.validate_run_claim(&caller, &rc).await?;
+        let policy = self.peer_policy(&request, &client);
+        let claim = self.store.validate_run_claim_under(&caller, &rc, policy);
+        let claim = claim.await?;
         let response = self
             .store
-            .execute(&caller, &rc, convert::file_request(operation, r))
+            .execute_validated(claim, convert::file_request(operation, r))
             .await?;
         Ok(Response::new(convert::file_response(&response)))
     }
@@ -40,11 +68,13 @@ impl ProviderService {
             return Err(refuse(ErrorCode::InvalidArgument));
         }
         let (caller, rc) = self.data_plane_context(&client, r.context.as_ref(), "command.start")?;
-        self.store.validate_run_claim(&caller, &rc).await?;
+        let policy = self.peer_policy(&request, &client);
+        let claim = self.store.validate_run_claim_under(&caller, &rc, policy);
+        let claim = claim.await?;
         let command_id = self.store.new_command_id();
         let mut helper_request = ExecutorRequest::command(command_id.clone(), r.command.clone());
         helper_request.timeout_ms = r.timeout_millis;
-        let response = self.store.execute(&caller, &rc, helper_request).await?;
+        let response = self.store.execute_validated(claim, helper_request).await?;
         let result = response
             .command
             .as_ref()
@@ -83,10 +113,22 @@ impl ProviderService {
         let client = self.client(&request)?;
         let r = request.get_ref();
         let (caller, rc) = self.data_plane_context(&client, r.context.as_ref(), operation)?;
-        self.store.validate_run_claim(&caller, &rc).await?;
+        let policy = self.peer_policy(&request, &client);
+        self.store
+            .validate_run_claim_under(&caller, &rc, policy)
+            .await?;
         if r.command_id.is_empty() || r.offset < 0 {
             return Err(refuse(ErrorCode::InvalidArgument));
         }
         Err(refuse(ErrorCode::Unimplemented))
+    }
+
+    /// The store's policy check for this call.
+    fn peer_policy<T>(&self, request: &Request<T>, client: &Client) -> SharedPolicyCheck {
+        Arc::new(PeerPolicy {
+            security: self.security.clone(),
+            certs: request.peer_certs(),
+            uri: client.uri.clone(),
+        })
     }
 }

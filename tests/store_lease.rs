@@ -1,0 +1,118 @@
+//! The operation lease at its edges (store §8; catalogue [lease] and [prov]): the expiry
+//! fence re-validates under compare-and-swap what it observed, and the completion write
+//! re-checks the run's authority even when no renewal ran.
+
+mod store_support;
+
+use std::time::Duration;
+
+use execution_provider::errors::ErrorCode;
+use execution_provider::kube::crd::{ExecutionEnvironment, FenceState};
+use execution_provider::store::claims::AcquireRequest;
+use store_support::*;
+
+fn fence_state(o: &ExecutionEnvironment) -> Option<FenceState> {
+    o.status.as_ref().and_then(|s| s.fence_state)
+}
+
+fn active_op(o: &ExecutionEnvironment) -> Option<String> {
+    o.status
+        .as_ref()
+        .and_then(|s| s.active_operation.as_ref())
+        .map(|op| op.id.clone())
+}
+
+/// Waits (virtual time) until the executor has been called `n` times.
+async fn wait_for_calls(world: &World, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while world.executor.call_count() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "executor not called"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_expiry_fence_revalidates_the_lease_under_compare_and_swap() {
+    let world = World::new().await;
+    let store = world.store();
+    let reconciler = world.store();
+    let c = claimed(&world, &store, "alice", "b1").await;
+    world.executor.push(Script::Sleep(Duration::from_secs(45)));
+    let call = |store: execution_provider::store::Store| {
+        let (caller, rc) = (c.caller.clone(), c.rc.clone());
+        tokio::spawn(async move { store.execute(&caller, &rc, stat("a")).await })
+    };
+    let first = call(store.clone());
+    wait_for_calls(&world, 1).await;
+    let observed = active_op(&world.get(&c.env.id).await).expect("op");
+    // Observed at admission; 35 s later the holder has renewed it: not expired, no fence.
+    // Sleeping (not jumping the clock) lets the holder's renewals run at their times.
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let renewed = reconciler
+        .fence_expired_operation(&c.env.id, &observed)
+        .await;
+    assert_eq!(renewed.expect_err("renewed").code(), ErrorCode::Conflict);
+    first.await.expect("join").expect("completes");
+    // Completed: the observation is stale, nothing is written.
+    let completed = reconciler
+        .fence_expired_operation(&c.env.id, &observed)
+        .await;
+    assert_eq!(
+        completed.expect_err("completed").code(),
+        ErrorCode::Conflict
+    );
+    // Replaced by another operation: the old observation fences nothing either.
+    world.executor.push(Script::Sleep(Duration::from_secs(5)));
+    let second = call(store.clone());
+    wait_for_calls(&world, 2).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let replaced = reconciler
+        .fence_expired_operation(&c.env.id, &observed)
+        .await;
+    assert_eq!(replaced.expect_err("replaced").code(), ErrorCode::Conflict);
+    second.await.expect("join").expect("completes");
+    let o = world.get(&c.env.id).await;
+    assert_eq!(fence_state(&o), Some(FenceState::Healthy));
+    assert_eq!(active_op(&o), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn completion_rechecks_the_claim_even_when_no_renewal_ran() {
+    let world = World::new().await;
+    let store = world.store();
+    let c = claimed_for(&world, &store, "alice", "b1", Duration::from_secs(30)).await;
+    tokio::time::advance(Duration::from_secs(25)).await;
+    // Admitted at 25 s with the claim live; the claim ends at 30 s, the call at 33 s, and
+    // the first renewal would only run at 35 s.
+    world.executor.push(Script::Sleep(Duration::from_secs(8)));
+    let err = store
+        .execute(&c.caller, &c.rc, stat("a"))
+        .await
+        .expect_err("authority lost before completion");
+    assert_eq!(err.code(), ErrorCode::FenceUnknown);
+    assert!(
+        err.to_string()
+            .contains("authority changed before completion"),
+        "{err}"
+    );
+    let o = world.get(&c.env.id).await;
+    assert_eq!(fence_state(&o), Some(FenceState::FenceUnknown));
+    assert!(active_op(&o).is_some(), "identity kept for recovery");
+    // No takeover of the expired run while its operation is on record.
+    let takeover = store
+        .acquire_run(&AcquireRequest {
+            env: c.env.clone(),
+            caller: c.caller.clone(),
+            binding_id: "b1".to_owned(),
+            run_id: "run-2".to_owned(),
+            operation_id: "op-takeover".to_owned(),
+            ttl: Duration::from_secs(60),
+        })
+        .await;
+    // Fenced, so not ready; the operation stays for recovery.
+    assert_eq!(takeover.expect_err("refused").code(), ErrorCode::NotReady);
+    assert_eq!(world.executor.call_count(), 1);
+}
