@@ -375,7 +375,11 @@ async fn a_scoped_admin_with_attestation_never_reaches_another_creators_environm
     let dir = tmp.path();
     let dev = start_dev(dir).await;
     let mut client = connect(dev.addr, dir, Some(&dev_identity(dir))).await;
-    let env = ensure(&mut client, "b1").await.environment.expect("env");
+    // Ready first: the reconciler's own writes must not count as a change made by a refusal.
+    let env = ensure_ready(&mut client, "b1")
+        .await
+        .environment
+        .expect("env");
     edit_manifest(dir, |m| {
         scoped_policy(m, false, &[CREATOR]);
         m["clients"][1]["mayAttestOwner"] = true.into();
