@@ -316,7 +316,12 @@ async fn same_generation_key_material_drift_poisons_the_replica_until_a_higher_g
         "a retry does not heal it"
     );
     assert!(!dev.security.ready());
-    edit_manifest(tmp.path(), |_| {});
+    // The ledger recorded the old fingerprint under this key version, so the higher
+    // generation must also give the new material a higher version (§6.4 key reuse).
+    edit_manifest(tmp.path(), |m| {
+        let version = m["keys"][0]["version"].as_u64().unwrap();
+        m["keys"][0]["version"] = (version + 1).into();
+    });
     reload(&dev).await;
     assert!(dev.security.ready());
     dev.stop().await.unwrap();

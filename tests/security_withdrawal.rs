@@ -18,9 +18,8 @@ use execution_provider::cli::dev::DevProvider;
 use execution_provider::kube::crd::{ExecutionEnvironment, FenceState, RfcTime};
 use execution_provider::runtime::{Clock, OsIds};
 use execution_provider::security::SecurityManifest;
-use execution_provider::security::digest::authority_digest;
 use execution_provider::security::keys;
-use execution_provider::security::ledger::{AuthorityLedger, LedgerState};
+use execution_provider::security::ledger::{AuthorityLedger, LedgerRecord};
 use execution_provider::security::manager::DEFAULT_AUTHORITY_CONFIGMAP;
 use kube::Api;
 use security::*;
@@ -49,12 +48,8 @@ fn write(dir: &std::path::Path, m: &serde_json::Value) {
 /// A peer replica publishes `m` to the ledger; this replica notices on its next refresh.
 async fn peer_publishes(dev: &DevProvider, m: &serde_json::Value) {
     let parsed = SecurityManifest::parse(&serde_json::to_vec(m).unwrap()).unwrap();
-    let state = LedgerState {
-        generation: parsed.generation,
-        digest: authority_digest(&parsed),
-    };
     let ledger = AuthorityLedger::new(dev.kube.clone(), "execution", DEFAULT_AUTHORITY_CONFIGMAP);
-    ledger.advance(&state).await.unwrap();
+    ledger.publish(&LedgerRecord::of(&parsed)).await.unwrap();
     dev.security_manager.refresh().await;
 }
 

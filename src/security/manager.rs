@@ -2,8 +2,10 @@
 //! publishes each authority to the durable ledger by compare-and-swap, and keeps a fresh
 //! observation of the ledger so every RPC can be checked against it without an API call.
 //!
-//! Reload: load and validate the directory, advance the ledger, re-read it and require it to
-//! name exactly this generation and digest, then install. Any failure withdraws the
+//! Reload: load and validate the directory, publish its generation, digest and key
+//! fingerprints to the ledger (which refuses rollback, drift, key reuse and key version
+//! rollback), re-read it and require it to name exactly this generation and digest and to
+//! record every key, then install. Any failure withdraws the
 //! authority (fail closed) unless a newer authority was installed meanwhile. A rollback or
 //! same-generation drift therefore stops the replica until a valid higher generation (or the
 //! identical content) is loaded.
@@ -16,7 +18,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::ledger::{AuthorityLedger, LedgerError, LedgerState};
+use super::ledger::{AuthorityLedger, LedgerError, LedgerRecord, LedgerState};
 use super::{Security, SecurityError, load_directory};
 
 /// Default interval between reloads.
@@ -99,12 +101,17 @@ impl SecurityManager {
     async fn try_reload(&self) -> Result<LedgerState, ReloadError> {
         let s = &self.settings;
         let loaded = load_directory(&s.manifest_path, &s.tls_dir)?;
-        let candidate = LedgerState {
-            generation: loaded.manifest.generation,
-            digest: super::digest::authority_digest(&loaded.manifest),
-        };
-        self.ledger.advance(&candidate).await?;
-        if self.ledger.read().await?.as_ref() != Some(&candidate) {
+        let record = LedgerRecord::of(&loaded.manifest);
+        self.ledger.publish(&record).await?;
+        let confirmed = self.ledger.read_record().await?.is_some_and(|stored| {
+            stored.state == record.state
+                && record
+                    .fingerprints
+                    .iter()
+                    .all(|(key, print)| stored.fingerprints.get(key) == Some(print))
+        });
+        let candidate = record.state;
+        if !confirmed {
             return Err(ReloadError::NotAuthoritative(candidate.generation));
         }
         if let Some(current) = self.security.published()

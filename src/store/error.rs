@@ -114,6 +114,30 @@ impl StoreError {
         }
     }
 
+    /// The bounded class of this failure for diagnostics (api-security §3): the controlled
+    /// code of a typed refusal, or the class of a Kubernetes API failure (`other` when it has
+    /// none). Never derived from the error's text.
+    pub fn diagnostic_class(&self) -> &'static str {
+        let Self::Kube { source, .. } = self else {
+            return self.code().as_str();
+        };
+        let kube::Error::Api(status) = source else {
+            return "other";
+        };
+        match (status.code, status.reason.as_str()) {
+            (409, "AlreadyExists") => "already_exists",
+            (409, _) => "conflict",
+            (400 | 422, _) => "invalid",
+            (401, _) => "unauthorized",
+            (403, _) => "forbidden",
+            (404, _) => "not_found",
+            (408 | 504, _) => "timeout",
+            (429, _) => "rate_limited",
+            (503, _) => "unavailable",
+            _ => "other",
+        }
+    }
+
     pub(crate) fn not_found(env: &str, reason: &'static str) -> Self {
         Self::NotFound {
             env: env.to_owned(),

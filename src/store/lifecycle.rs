@@ -286,8 +286,23 @@ impl Store {
     }
 
     /// DeleteRetiredEnvironment: admits the deletion of a retired, unreferenced, run-free,
-    /// operation-free environment whose workspace PVC has the expected UID.
+    /// operation-free environment whose workspace PVC has the expected UID. A failure logs
+    /// one bounded WARN record (api-security §3): exactly the fields `message`, `operation`,
+    /// `reason` (a class, never the error's text) and `environment`.
     pub async fn delete_retired_environment(&self, q: &AdminRequest) -> Result<(), StoreError> {
+        let result = self.admit_retired_delete(q).await;
+        if let Err(error) = &result {
+            tracing::warn!(
+                operation = "delete_retired",
+                reason = error.diagnostic_class(),
+                environment = q.env.id.as_str(),
+                "execution backend failure"
+            );
+        }
+        result
+    }
+
+    async fn admit_retired_delete(&self, q: &AdminRequest) -> Result<(), StoreError> {
         if q.expected_pvc_uid.is_empty() || q.operation_id.is_empty() {
             return Err(StoreError::InvalidArgument("retained identity required"));
         }

@@ -53,11 +53,29 @@ pub enum Fault {
     LostAnswer,
     /// The API server answers with this status; nothing is applied.
     Status(u16),
+    /// The API server answers with this status, Kubernetes reason and message; nothing is
+    /// applied.
+    StatusWith(u16, &'static str, &'static str),
+}
+
+/// What a peer replica does just before a matching write is served (a race between
+/// replicas): it runs once, against the API server directly, not through the fault layer.
+pub type PeerWrite = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// A [`PeerWrite`] armed for the next write whose path contains the filter.
+pub struct BeforeWrite(pub &'static str, pub PeerWrite);
+
+impl std::fmt::Debug for BeforeWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BeforeWrite({:?})", self.0)
+    }
 }
 
 /// What the fault layer saw and what it is told to break.
 #[derive(Debug, Default)]
 pub struct Faults {
+    /// A peer write to run just before the next matching write is served.
+    pub before_write: Option<BeforeWrite>,
     /// Requests by `METHOD kind`, e.g. `GET executionenvironments`.
     pub counts: BTreeMap<String, usize>,
     /// Writes seen so far (POST, PUT, PATCH, DELETE).
@@ -123,7 +141,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let method = request.method().as_str().to_owned();
         let path = request.uri().path().to_owned();
-        let fault = {
+        let (fault, peer) = {
             let mut faults = self.faults.lock().expect("faults");
             *faults
                 .counts
@@ -131,8 +149,16 @@ where
                 .or_default() += 1;
             let write = method != "GET";
             let mut fault = None;
+            let mut peer = None;
             if write {
                 faults.writes += 1;
+                if faults
+                    .before_write
+                    .as_ref()
+                    .is_some_and(|BeforeWrite(filter, _)| path.contains(filter))
+                {
+                    peer = faults.before_write.take().map(|BeforeWrite(_, run)| run);
+                }
                 if let Some((n, f, filter)) = faults.fail_write
                     && path.contains(filter)
                 {
@@ -142,13 +168,19 @@ where
                     }
                 }
             }
-            fault
+            (fault, peer)
         };
         let mut inner = self.inner.clone();
         Box::pin(async move {
+            if let Some(peer) = peer {
+                peer().await;
+            }
             match fault {
                 Some(Fault::Transport) => Err::<_, BoxError>("injected transport failure".into()),
                 Some(Fault::Status(code)) => Ok(status_response(code)),
+                Some(Fault::StatusWith(code, reason, message)) => {
+                    Ok(status_response_with(code, reason, message))
+                }
                 Some(Fault::LostAnswer) => {
                     tower::Service::call(&mut inner, request)
                         .await
@@ -167,9 +199,13 @@ where
 }
 
 fn status_response(code: u16) -> Response<ResponseBody> {
+    status_response_with(code, "Forbidden", "injected failure")
+}
+
+fn status_response_with(code: u16, reason: &str, message: &str) -> Response<ResponseBody> {
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": "injected failure", "reason": "Forbidden", "code": code
+        "message": message, "reason": reason, "code": code
     });
     let bytes = Bytes::from(serde_json::to_vec(&body).expect("json"));
     Response::builder()
@@ -417,6 +453,15 @@ impl World {
         let mut f = self.faults.lock().expect("faults");
         f.filtered_writes = 0;
         f.fail_write = Some((n, fault, filter));
+    }
+
+    /// Runs `peer` (once) just before the next write whose path contains `filter` is served.
+    pub fn before_write<F>(&self, filter: &'static str, peer: impl FnOnce() -> F + Send + 'static)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let run: PeerWrite = Box::new(move || Box::pin(peer()));
+        self.faults.lock().expect("faults").before_write = Some(BeforeWrite(filter, run));
     }
 
     pub fn clear_faults(&self) {
