@@ -17,6 +17,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::trace::Trace;
+use crate::writes::{WriteLog, Written};
 
 /// The current error rates (refused before commit, lost after commit).
 #[derive(Debug, Clone, Copy, Default)]
@@ -34,16 +35,25 @@ pub struct FaultyApi {
     rng: Arc<Mutex<StdRng>>,
     rates: Arc<Mutex<ApiRates>>,
     trace: Trace,
+    writes: WriteLog,
 }
 
 impl FaultyApi {
-    /// Wraps `inner`, drawing failures from `seed` at `rates`.
-    pub fn new(inner: ApiServer, seed: u64, rates: Arc<Mutex<ApiRates>>, trace: Trace) -> Self {
+    /// Wraps `inner`, drawing failures from `seed` at `rates`, recording every committed
+    /// write in `writes`.
+    pub fn new(
+        inner: ApiServer,
+        seed: u64,
+        rates: Arc<Mutex<ApiRates>>,
+        trace: Trace,
+        writes: WriteLog,
+    ) -> Self {
         Self {
             inner,
             rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
             rates,
             trace,
+            writes,
         }
     }
 
@@ -97,15 +107,30 @@ impl tower::Service<Request<hyper::body::Incoming>> for FaultyApi {
     fn call(&mut self, request: Request<hyper::body::Incoming>) -> Self::Future {
         let is_write = request.method() != http::Method::GET;
         let (refuse, lose, code) = self.draw(is_write);
-        let what = format!("{} {}", request.method(), request.uri().path());
+        let method = request.method().to_string();
+        let path = request.uri().path().to_owned();
+        let what = format!("{method} {path}");
         let mut inner = self.inner.clone();
         let trace = self.trace.clone();
+        let writes = self.writes.clone();
         Box::pin(async move {
             if refuse {
                 trace.record("apiserver", format!("refuse {code} {what}"));
                 return Ok(status(code, reason(code)));
             }
-            let response = tower::Service::call(&mut inner, request).await?;
+            let mut response = tower::Service::call(&mut inner, request).await?;
+            if is_write && response.status().is_success() {
+                let (parts, body) = response.into_parts();
+                let bytes = body.collect().await?.to_bytes();
+                if let Ok(object) = serde_json::from_slice(&bytes) {
+                    writes.push(Written {
+                        method,
+                        path,
+                        object,
+                    });
+                }
+                response = Response::from_parts(parts, Full::new(bytes).boxed_unsync());
+            }
             if lose && response.status().is_success() {
                 trace.record("apiserver", format!("lose answer {what}"));
                 return Ok(status(504, reason(504)));

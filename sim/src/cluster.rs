@@ -2,6 +2,8 @@
 //! ConfigMap, RuntimeClasses and StorageClasses the templates name), and the convergence
 //! judgement of the liveness phase.
 
+use std::collections::BTreeSet;
+
 use execution_provider::kube::apiserver::ApiServer;
 use execution_provider::kube::crd::LABEL_ENVIRONMENT;
 use execution_provider::kube::seed::seed_cluster;
@@ -32,11 +34,44 @@ fn condition_true(env: &serde_json::Value, kind: &str) -> bool {
         })
 }
 
+/// A short account of an environment that is not Ready: its Ready condition's reason and
+/// message, or that its status was never initialized.
+fn why_not_ready(env: &serde_json::Value) -> String {
+    let Some(status) = env.get("status").filter(|s| !s.is_null()) else {
+        return "status never initialized".to_owned();
+    };
+    let ready = status
+        .get("conditions")
+        .and_then(|c| c.as_array())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.get("type").and_then(|t| t.as_str()) == Some("Ready"))
+        });
+    match ready {
+        Some(c) => format!(
+            "Ready={} {}: {}",
+            c.get("status").and_then(|s| s.as_str()).unwrap_or("?"),
+            c.get("reason").and_then(|s| s.as_str()).unwrap_or(""),
+            c.get("message").and_then(|s| s.as_str()).unwrap_or("")
+        ),
+        None => format!(
+            "no Ready condition; epoch {}",
+            status
+                .get("epoch")
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        ),
+    }
+}
+
 /// What has not converged yet: environments that are neither Ready nor legitimately held
-/// (fenced, in a lifecycle operation, deleting), and Pods or PVCs of missing environments.
-pub fn unconverged(api: &ApiServer) -> Vec<String> {
+/// (fenced, in a lifecycle operation, deleting, or created by an ensure whose answer was lost
+/// and that no client retried: the store keeps such a pending ensure, uninitialized, for the
+/// client's retry), and Pods or PVCs of missing environments. `ensured` names the
+/// environments some ensure was acknowledged for.
+pub fn unconverged(api: &ApiServer, ensured: &BTreeSet<String>) -> Vec<String> {
     let envs = api.objects_of_kind("ExecutionEnvironment");
-    let mut names = std::collections::BTreeSet::new();
+    let mut names = BTreeSet::new();
     let mut pending = Vec::new();
     for env in &envs {
         let name = env
@@ -51,9 +86,14 @@ pub fn unconverged(api: &ApiServer) -> Vec<String> {
                 .pointer("/status/lifecycleOperation")
                 .is_some_and(|l| !l.is_null())
             || env.pointer("/metadata/deletionTimestamp").is_some()
-            || condition_true(env, "Retired");
+            || condition_true(env, "Retired")
+            || (env.pointer("/status/epoch").is_none_or(|e| e.is_null())
+                && !ensured.contains(&name));
         if !held && !condition_true(env, "Ready") {
-            pending.push(format!("environment {name} not Ready"));
+            pending.push(format!(
+                "environment {name} not Ready ({})",
+                why_not_ready(env)
+            ));
         }
     }
     for kind in ["Pod", "PersistentVolumeClaim"] {

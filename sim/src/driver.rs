@@ -12,11 +12,13 @@ use rand::RngExt;
 use rand::rngs::StdRng;
 
 use crate::apifaults::ApiRates;
+use crate::authority::SecurityFiles;
 use crate::executor::MemExecutor;
 use crate::faults::FaultPlan;
 use crate::invariants::Checker;
 use crate::trace::Trace;
 use crate::world::{API_HOST, LIVENESS_SECS, replica_host};
+use crate::writes::WriteLog;
 
 /// Steps the simulation and applies faults.
 pub(crate) struct Driver<'a> {
@@ -29,8 +31,16 @@ pub(crate) struct Driver<'a> {
     pub(crate) replicas: u32,
     pub(crate) clients: Vec<String>,
     pub(crate) down: Vec<(u32, Duration)>,
-    pub(crate) partitions: Vec<(String, String, Duration)>,
+    /// Cut links: the two hosts, when the cut ends, and whether messages are held (delivered
+    /// all at once when it ends) rather than dropped.
+    pub(crate) partitions: Vec<(String, String, Duration, bool)>,
     pub(crate) checker: Checker,
+    pub(crate) writes: WriteLog,
+    pub(crate) security: Option<Arc<Mutex<SecurityFiles>>>,
+    /// When to write the good manifest back after a rollback attempt.
+    pub(crate) restore_at: Option<Duration>,
+    /// Hand-driven actions still to apply, in time order.
+    pub(crate) script: Vec<crate::script::Scripted>,
     pub(crate) last_rv: u64,
     pub(crate) host_error: Option<String>,
 }
@@ -53,11 +63,16 @@ impl Driver<'_> {
                 return true;
             }
         };
+        let written = self.writes.drain();
+        if !written.is_empty() {
+            self.checker.observe_writes(&written);
+        }
         let rv = self.api.resource_version();
         if rv != self.last_rv {
             self.last_rv = rv;
-            let objects = self.api.objects_of_kind("ExecutionEnvironment");
-            self.checker.observe(&objects);
+            let envs = self.api.objects_of_kind("ExecutionEnvironment");
+            let configmaps = self.api.objects_of_kind("ConfigMap");
+            self.checker.observe_state(&envs, &configmaps);
         }
         finished
     }
@@ -87,22 +102,22 @@ impl Driver<'_> {
             .filter(|(_, until)| *until <= now)
             .map(|(i, _)| *i)
             .collect();
+        self.scripted(now, ms);
         for i in due {
             self.down.retain(|(j, _)| *j != i);
             self.trace
                 .record_at(ms, "world", format!("restart replica-{i}"));
             self.sim.bounce(replica_host(i));
         }
-        let healed: Vec<(String, String)> = self
+        let healed: Vec<(String, String, bool)> = self
             .partitions
             .iter()
-            .filter(|(_, _, until)| *until <= now)
-            .map(|(a, b, _)| (a.clone(), b.clone()))
+            .filter(|(_, _, until, _)| *until <= now)
+            .map(|(a, b, _, held)| (a.clone(), b.clone(), *held))
             .collect();
-        for (a, b) in healed {
-            self.partitions.retain(|(x, y, _)| !(x == &a && y == &b));
-            self.trace.record_at(ms, "world", format!("repair {a} {b}"));
-            self.sim.repair(a.as_str(), b.as_str());
+        for (a, b, held) in healed {
+            self.partitions.retain(|(x, y, _, _)| !(x == &a && y == &b));
+            self.mend(ms, &a, &b, held);
         }
         if self.chance(self.plan.crash_per_sec) {
             let i = self.rng.random_range(0..self.replicas);
@@ -124,10 +139,23 @@ impl Driver<'_> {
             self.trace
                 .record_at(ms, "world", format!("clock step replica-{i} {step}ms"));
         }
+        self.authority(now, ms);
         if self.chance(self.plan.compact_per_sec) {
             self.trace
                 .record_at(ms, "world", "compact (watches get 410)");
             self.api.compact();
+        }
+    }
+
+    /// Ends a cut: held messages are delivered at once, a partition is repaired.
+    fn mend(&mut self, ms: u128, a: &str, b: &str, held: bool) {
+        if held {
+            self.trace
+                .record_at(ms, "world", format!("release {a} {b}"));
+            self.sim.release(a, b);
+        } else {
+            self.trace.record_at(ms, "world", format!("repair {a} {b}"));
+            self.sim.repair(a, b);
         }
     }
 
@@ -142,12 +170,19 @@ impl Driver<'_> {
         if self
             .partitions
             .iter()
-            .any(|(a, b, _)| a == &replica && b == &other)
+            .any(|(a, b, _, _)| a == &replica && b == &other)
         {
             return;
         }
         let until = now + Duration::from_millis(self.plan.partition_ms);
-        if self.plan.one_way && self.rng.random_bool(0.5) {
+        let held = self.rng.random_bool(1.0 / 3.0);
+        if held {
+            // Messages wait and then arrive all at once, late: stale observations and
+            // answers to calls their sender gave up on.
+            self.trace
+                .record_at(ms, "world", format!("hold {replica} {other}"));
+            self.sim.hold(replica.as_str(), other.as_str());
+        } else if self.plan.one_way && self.rng.random_bool(0.5) {
             self.trace.record_at(
                 ms,
                 "world",
@@ -159,7 +194,46 @@ impl Driver<'_> {
                 .record_at(ms, "world", format!("partition {replica} {other}"));
             self.sim.partition(replica.as_str(), other.as_str());
         }
-        self.partitions.push((replica, other, until));
+        self.partitions.push((replica, other, until, held));
+    }
+
+    /// Security manifest faults: a rotation to the next generation, or a rollback attempt
+    /// that is written back after a drawn time.
+    fn authority(&mut self, now: Duration, ms: u128) {
+        let Some(files) = self.security.clone() else {
+            return;
+        };
+        let files = files.lock().expect("security files lock");
+        if self.restore_at.is_some_and(|at| at <= now) {
+            self.restore_at = None;
+            files.restore();
+            self.trace.record_at(
+                ms,
+                "world",
+                format!("security restore generation {}", files.generation()),
+            );
+        }
+        drop(files);
+        if self.restore_at.is_some() || !self.chance(self.plan.security_per_sec) {
+            return;
+        }
+        let Some(files) = self.security.clone() else {
+            return;
+        };
+        let mut files = files.lock().expect("security files lock");
+        if self.rng.random_bool(0.5) {
+            let generation = files.rotate();
+            self.trace.record_at(
+                ms,
+                "world",
+                format!("security rotate to generation {generation}"),
+            );
+        } else {
+            let what = files.attempt_rollback();
+            self.trace
+                .record_at(ms, "world", format!("security {what} attempted"));
+            self.restore_at = Some(now + Duration::from_millis(self.plan.partition_ms));
+        }
     }
 
     /// Stops every fault and restarts every replica.
@@ -170,10 +244,14 @@ impl Driver<'_> {
         self.plan = self.plan.calm();
         *rates.lock().expect("rates lock") = ApiRates::default();
         executor.set_crash_rate(0.0);
-        for (a, b, _) in std::mem::take(&mut self.partitions) {
-            self.sim.repair(a.as_str(), b.as_str());
+        for (a, b, _, held) in std::mem::take(&mut self.partitions) {
+            self.mend(ms, &a, &b, held);
         }
         self.down.clear();
+        if let Some(files) = &self.security {
+            files.lock().expect("security files lock").restore();
+            self.restore_at = None;
+        }
         for i in 0..self.replicas {
             self.sim.bounce(replica_host(i));
         }
@@ -181,7 +259,7 @@ impl Driver<'_> {
 
     /// After healing, every environment that is not fenced and has no lifecycle operation
     /// must become Ready, and no Pod or PVC may belong to a missing environment.
-    pub(crate) fn liveness(&mut self) -> Option<String> {
+    pub(crate) fn liveness(&mut self, ensured: &Mutex<BTreeSet<String>>) -> Option<String> {
         let deadline = self.sim.elapsed() + Duration::from_secs(LIVENESS_SECS);
         loop {
             for _ in 0..FAULT_TICK_MS {
@@ -190,7 +268,8 @@ impl Driver<'_> {
             if self.host_error.is_some() {
                 return None;
             }
-            let pending = crate::cluster::unconverged(&self.api);
+            let ensured = ensured.lock().expect("ensured lock").clone();
+            let pending = crate::cluster::unconverged(&self.api, &ensured);
             if pending.is_empty() {
                 let ms = self.ms();
                 self.trace.record_at(ms, "world", "liveness: converged");

@@ -40,6 +40,8 @@ pub struct FaultPlan {
     pub stale_claim_rate: f64,
     /// Chance per client step of a deliberately invalid request.
     pub invalid_rate: f64,
+    /// Chance per second of a security manifest rotation or rollback attempt.
+    pub security_per_sec: f64,
 }
 
 impl FaultPlan {
@@ -65,7 +67,7 @@ impl FaultPlan {
         let invalid_rate = p(0.2);
         let latency = p(weights.latency);
         let skew = p(weights.clock);
-        Self {
+        let mut plan = Self {
             crash_per_sec,
             downtime_ms: 500 + (p(1.0) * 4_000.0) as u64,
             partition_per_sec,
@@ -81,7 +83,11 @@ impl FaultPlan {
             executor_crash_rate,
             stale_claim_rate,
             invalid_rate,
-        }
+            security_per_sec: 0.0,
+        };
+        // Drawn last, so that adding it left every other draw of a seed as it was.
+        plan.security_per_sec = p(weights.security);
+        plan
     }
 
     /// The plan with every fault switched off (the liveness phase).
@@ -94,6 +100,7 @@ impl FaultPlan {
             api_ambiguous_rate: 0.0,
             compact_per_sec: 0.0,
             executor_crash_rate: 0.0,
+            security_per_sec: 0.0,
             ..self.clone()
         }
     }

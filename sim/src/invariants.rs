@@ -1,58 +1,39 @@
-//! The checker: store.md §10 invariants judged on the API server's objects after every
-//! simulation step that changed them, plus history checks on what clients were told and what
-//! the executor did. A violation names the invariant, the environment and what was seen.
+//! The checker: store.md §10 invariants judged on every version of every object the replicas
+//! wrote (`environment`: one environment version against the one before; `runtime`: Pods, PVCs
+//! and the capacity ledger), on the stored state after every step, and at the end on the
+//! history of what clients were told and what the executor did (`history`). A violation names
+//! the invariant, the environment and what was seen.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use execution_provider::kube::crd::{ExecutionEnvironment, FenceState};
+use execution_provider::kube::crd::ExecutionEnvironment;
 
-use crate::executor::MemExecutor;
+use crate::writes::Written;
 
-/// What the checker remembers of one environment incarnation.
-#[derive(Debug, Clone, Default)]
-struct Seen {
-    uid: String,
-    epoch: u64,
-    grant_generation: u64,
-    fenced: bool,
-    /// Every (claim id, epoch) an activeOperation was admitted under while its run was current.
-    operation_claims: BTreeSet<(String, u64)>,
-    /// Every activeOperation id seen (each is judged when it first appears).
-    operations: BTreeSet<String>,
-}
+mod environment;
+mod history;
+mod runtime;
 
-/// A data-plane call a client was told succeeded.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Acknowledged {
-    /// The environment.
-    pub environment: String,
-    /// The claim it ran under.
-    pub claim_id: String,
-    /// The epoch of that claim.
-    pub epoch: u64,
-    /// What it was.
-    pub what: String,
-}
+pub use history::{Acknowledged, History, Revoked};
 
 /// The invariant checker of one run.
 #[derive(Debug, Default)]
 pub struct Checker {
-    seen: BTreeMap<String, Seen>,
+    seen: BTreeMap<String, environment::Seen>,
+    runtime: runtime::Runtime,
+    /// Every operation id some environment version recorded.
+    written_operations: BTreeSet<String>,
     violations: Vec<String>,
     /// Object versions checked.
     pub versions_checked: u64,
 }
 
 impl Checker {
-    /// Checks every environment object now stored.
-    pub fn observe(&mut self, objects: &[serde_json::Value]) {
-        for value in objects {
-            let Ok(env) = serde_json::from_value::<ExecutionEnvironment>(value.clone()) else {
-                self.violate("the stored object is not a valid ExecutionEnvironment".into());
-                continue;
-            };
-            self.versions_checked += 1;
-            self.observe_one(&env);
+    /// A checker for templates with these capacity limits (by template id).
+    pub fn new(limits: &BTreeMap<String, u32>) -> Self {
+        Self {
+            runtime: runtime::Runtime::new(limits),
+            ..Self::default()
         }
     }
 
@@ -62,134 +43,76 @@ impl Checker {
         }
     }
 
-    fn observe_one(&mut self, env: &ExecutionEnvironment) {
-        let name = env.metadata.name.clone().unwrap_or_default();
-        let uid = env.metadata.uid.clone().unwrap_or_default();
-        let status = env.status.clone().unwrap_or_default();
-        let epoch = status.epoch.unwrap_or(0);
-        let grant_generation = status.grant_generation.unwrap_or(0);
-        let fenced = status.fence_state == Some(FenceState::FenceUnknown);
-        let previous = self.seen.get(&name).filter(|s| s.uid == uid).cloned();
-        let mut found = Vec::new();
-        if let Some(before) = &previous {
-            if epoch < before.epoch {
-                found.push(format!(
-                    "§10.8 epoch decreased on {name}: {} -> {epoch}",
-                    before.epoch
-                ));
-            }
-            if grant_generation < before.grant_generation {
-                found.push(format!(
-                    "§10.9 grantGeneration decreased on {name}: {} -> {grant_generation}",
-                    before.grant_generation
-                ));
-            }
-            if before.fenced && !fenced {
-                found.push(format!(
-                    "§10.15 {name} left FenceUnknown without RecoverEnvironment"
-                ));
-            }
-        }
-        if let Some(run) = &status.active_run
-            && run.epoch != epoch
-        {
-            found.push(format!(
-                "§10.10 {name}: activeRun epoch {} differs from status epoch {epoch}",
-                run.epoch
-            ));
-        }
-        let mut operation_claims = previous
-            .as_ref()
-            .map(|s| s.operation_claims.clone())
-            .unwrap_or_default();
-        let mut operations = previous
-            .as_ref()
-            .map(|s| s.operations.clone())
-            .unwrap_or_default();
-        // An operation is judged when it first appears (its admission): later, revocation or
-        // a fence may legitimately end the run while the operation stays on record.
-        let admitted = status
-            .active_operation
-            .as_ref()
-            .filter(|op| operations.insert(op.id.clone()));
-        if let Some(op) = admitted {
-            let run_matches = status.active_run.as_ref().is_some_and(|run| {
-                run.claim_id == op.claim_id && run.run_id == op.run_id && run.epoch == op.epoch
-            });
-            if !run_matches || op.epoch != epoch {
-                found.push(format!(
-                    "§10.13 {name}: activeOperation {} admitted under claim {} epoch {} while the current claim is {:?} at epoch {epoch}",
-                    op.operation,
-                    op.claim_id,
-                    op.epoch,
-                    status.active_run.as_ref().map(|r| r.claim_id.clone()),
-                ));
-            } else {
-                operation_claims.insert((op.claim_id.clone(), op.epoch));
-            }
-        }
-        let mut bindings = BTreeSet::new();
-        for reference in &status.references {
-            if !bindings.insert(reference.binding_id.clone()) {
-                found.push(format!(
-                    "§10.23 {name}: reference {} recorded twice",
-                    reference.binding_id
-                ));
-            }
-        }
-        if status.references.len() > 64 {
-            found.push(format!("§10.23 {name}: more than 64 references"));
-        }
+    fn violate_all(&mut self, found: Vec<String>) {
         for what in found {
             self.violate(what);
         }
-        self.seen.insert(
-            name,
-            Seen {
-                uid,
-                epoch,
-                grant_generation,
-                fenced,
-                operation_claims,
-                operations,
-            },
-        );
     }
 
-    /// History checks at the end: every acknowledged data-plane call ran under a claim that was
-    /// current when its operation was admitted; the executor ran no command twice; every
-    /// acknowledged ensure still exists.
-    pub fn finish(
-        &mut self,
-        acknowledged: &[Acknowledged],
-        ensured: &BTreeSet<String>,
-        executor: &MemExecutor,
-        objects: &[serde_json::Value],
-    ) {
-        for ack in acknowledged {
-            let admitted = self.seen.get(&ack.environment).is_some_and(|s| {
-                s.operation_claims
-                    .contains(&(ack.claim_id.clone(), ack.epoch))
-            });
-            if !admitted {
-                self.violate(format!(
-                    "no dispatch without a current claim: {} on {} was acknowledged under claim {} epoch {} that never held its operation",
-                    ack.what, ack.environment, ack.claim_id, ack.epoch
-                ));
+    /// Judges every committed write, in commit order.
+    pub fn observe_writes(&mut self, writes: &[Written]) {
+        for written in writes {
+            let mut found = Vec::new();
+            match written.kind() {
+                "ExecutionEnvironment" => {
+                    if written.method == "POST" {
+                        self.runtime
+                            .environment_created(&written.object, &mut found);
+                    }
+                    self.environment_version(&written.object);
+                }
+                "ConfigMap" => self.runtime.configmap_written(&written.object, &mut found),
+                "Pod" => self
+                    .runtime
+                    .pod_written(&written.object, &self.seen, &mut found),
+                _ => {}
             }
-        }
-        for command in executor.duplicate_commands() {
-            self.violate(format!("command {command} was executed more than once"));
-        }
-        let present: BTreeSet<String> = objects
-            .iter()
-            .filter_map(|o| o.pointer("/metadata/name")?.as_str().map(str::to_owned))
-            .collect();
-        for env in ensured {
-            if !present.contains(env) {
-                self.violate(format!("acknowledged ensure of {env} was lost"));
+            if written.method == "DELETE" && written.path.contains("/persistentvolumeclaims/") {
+                self.runtime
+                    .pvc_deleted(&written.path, &written.object, &self.seen, &mut found);
             }
+            self.versions_checked += 1;
+            self.violate_all(found);
         }
+    }
+
+    /// Judges the stored state at one instant (after a step that changed it).
+    pub fn observe_state(&mut self, envs: &[serde_json::Value], configmaps: &[serde_json::Value]) {
+        let mut found = Vec::new();
+        self.runtime.capacity(envs, configmaps, &mut found);
+        self.violate_all(found);
+    }
+
+    fn environment_version(&mut self, value: &serde_json::Value) {
+        let Ok(env) = serde_json::from_value::<ExecutionEnvironment>(value.clone()) else {
+            self.violate("a stored object is not a valid ExecutionEnvironment".into());
+            return;
+        };
+        let name = env.metadata.name.clone().unwrap_or_default();
+        let uid = env.metadata.uid.clone().unwrap_or_default();
+        let Some(status) = env.status else {
+            return;
+        };
+        let seen = self.seen.entry(name.clone()).or_default();
+        if seen.uid != uid {
+            *seen = environment::Seen {
+                uid,
+                ..environment::Seen::default()
+            };
+        }
+        let found = environment::judge(&name, &status, seen);
+        self.written_operations
+            .extend(environment::operation_ids(&status));
+        self.violate_all(found);
+    }
+
+    /// Every (claim id, epoch, grant generation) under which `environment` admitted an
+    /// operation.
+    fn admitted_under(&self, environment: &str) -> BTreeSet<(String, u64, u64)> {
+        self.seen
+            .get(environment)
+            .map(|s| s.operation_claims.clone())
+            .unwrap_or_default()
     }
 
     /// Every violation found so far, in the order found.

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apifaults;
+pub mod authority;
 pub mod clock;
 pub mod cluster;
 mod driver;
@@ -16,12 +17,14 @@ pub mod memfs;
 pub mod net;
 pub mod pki;
 pub mod scenario;
+pub mod script;
 pub mod trace;
 pub mod workload;
 pub mod world;
+pub mod writes;
 
 pub use scenario::Scenario;
-pub use world::{Config, Report, run};
+pub use world::{Config, Report, run, run_scripted};
 
 /// The commit this simulator was built from (`unknown` outside a git checkout).
 pub const COMMIT: &str = env!("SIM_GIT_COMMIT");

@@ -22,6 +22,9 @@ pub struct Weights {
     pub stale: f64,
     /// Message latency intensity.
     pub latency: f64,
+    /// Security manifest rotations and rollback attempts per second (replicas run the
+    /// security manager only when this is above zero).
+    pub security: f64,
 }
 
 /// The relative weight of each client action.
@@ -114,7 +117,11 @@ impl Scenario {
                 clock: 0.5,
                 ..calm
             },
-            Scenario::RevocationRace => Weights { stale: 0.3, ..calm },
+            Scenario::RevocationRace => Weights {
+                stale: 0.3,
+                security: 1.0,
+                ..calm
+            },
             Scenario::PartitionHeal => Weights {
                 partition: 0.4,
                 latency: 1.0,
@@ -138,6 +145,7 @@ impl Scenario {
                 executor: 0.2,
                 stale: 0.4,
                 latency: 1.0,
+                security: 0.4,
             },
         }
     }
@@ -164,8 +172,9 @@ impl Scenario {
                 ..base
             },
             Scenario::LifecycleRace => Mix {
-                lifecycle: 4,
-                release_reference: 1,
+                lifecycle: 5,
+                release: 5,
+                release_reference: 2,
                 ..base
             },
             Scenario::CapacityRace => Mix {

@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,11 +19,12 @@ use execution_provider::runtime::net::Net;
 use execution_provider::runtime::tls::{self, Identity};
 use execution_provider::runtime::{Runtime, SeededIds};
 use execution_provider::security::{self, Security};
-use execution_provider::templates::TemplateRegistry;
+use execution_provider::templates::{TemplateError, TemplateRegistry};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::apifaults::{ApiRates, FaultyApi};
+use crate::authority::SecurityFiles;
 use crate::clock::{SkewedClock, sim_epoch};
 use crate::driver::Driver;
 use crate::executor::MemExecutor;
@@ -32,8 +33,10 @@ use crate::invariants::Checker;
 use crate::net::{SimNet, kube_client, serve_http1};
 use crate::pki::SimPki;
 use crate::scenario::Scenario;
+use crate::script::Scripted;
 use crate::trace::Trace;
 use crate::workload::{self, ClientSpec, Record};
+use crate::writes::WriteLog;
 
 /// The port replicas serve gRPC on.
 pub const GRPC_PORT: u16 = 7443;
@@ -43,6 +46,9 @@ pub const API_PORT: u16 = 6443;
 pub const NAMESPACE: &str = "execution";
 /// The API server host.
 pub const API_HOST: &str = "apiserver";
+/// The capacity limit (`maxEnvironments`) of the simulator's template: low, so that
+/// `capacity-race` reaches it.
+pub const CAPACITY: u32 = 8;
 /// Simulated seconds the liveness phase may take.
 pub const LIVENESS_SECS: u64 = 60;
 
@@ -130,6 +136,23 @@ fn material() -> Material {
     write(tls_file("clientCAFile"), &pki.ca.cert);
     let server_cas =
         tls::certificates_from_pem(pki.ca.cert.as_bytes(), "sim CA").expect("the sim CA");
+    let fixture = String::from_utf8(read(state.templates_path())).expect("UTF-8 templates");
+    let limited = fixture.replace(
+        "maxEnvironments: 100",
+        &format!("maxEnvironments: {CAPACITY}"),
+    );
+    assert_ne!(
+        limited, fixture,
+        "the fixture template names its maxEnvironments"
+    );
+    // The revision id pins the execution definition, so the changed limit has its own.
+    let limited = match TemplateRegistry::from_yaml_str(&limited, "sim templates") {
+        Err(TemplateError::RevisionMismatch {
+            revision, expected, ..
+        }) => limited.replace(&revision, &expected),
+        _ => limited,
+    };
+    write(state.templates_path(), &limited);
     let templates =
         Arc::new(TemplateRegistry::load(state.templates_path()).expect("the templates"));
     Material {
@@ -150,6 +173,11 @@ fn shared_material() -> Arc<Material> {
 
 /// Runs one seed of `config` and reports what the checker found.
 pub fn run(config: &Config) -> Report {
+    run_scripted(config, &[])
+}
+
+/// [`run`] with hand-driven actions applied at fixed times on top of the drawn faults.
+pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let plan = FaultPlan::draw(config.seed, config.scenario);
     let material = shared_material();
@@ -178,21 +206,31 @@ pub fn run(config: &Config) -> Report {
         plan.executor_crash_rate,
         Duration::from_millis(5),
     );
-    add_api_host(&mut sim, &api, &material, &rates, &trace, config.seed);
+    let writes = WriteLog::default();
+    let faulty = FaultyApi::new(
+        api.clone(),
+        config.seed ^ 0xa91,
+        rates.clone(),
+        trace.clone(),
+        writes.clone(),
+    );
+    add_api_host(&mut sim, &api, faulty, &material);
+    let security = (plan.security_per_sec > 0.0).then(|| {
+        Arc::new(Mutex::new(SecurityFiles::copy(
+            &material.state.manifest_path(),
+            &material.state.security_dir(),
+        )))
+    });
     let mut rng = StdRng::seed_from_u64(config.seed ^ 0xc10c);
-    let mut steppers = Vec::new();
-    for i in 0..config.replicas {
-        let skew = draw_signed(&mut rng, plan.skew_ms);
-        let drift = draw_signed(&mut rng, plan.drift_ppm);
-        let clock = SkewedClock::new(skew, drift);
-        steppers.push(clock.stepper());
-        add_replica(&mut sim, i, clock, &material, &executor, config.seed);
-    }
+    let steppers = add_replicas(
+        &mut sim, config, &plan, &mut rng, &material, &executor, &security,
+    );
     let record = Record {
         trace: trace.clone(),
         ..Record::default()
     };
-    let clients = add_clients(&mut sim, config, &plan, &material, &record);
+    let clients = add_clients(&mut sim, config, &plan, &material, &record, &api);
+    let limits = capacity_limits(&material.templates);
     let mut driver = Driver {
         sim,
         rng,
@@ -204,14 +242,61 @@ pub fn run(config: &Config) -> Report {
         clients,
         down: Vec::new(),
         partitions: Vec::new(),
-        checker: Checker::default(),
+        checker: Checker::new(&limits),
+        security,
+        restore_at: None,
+        script: {
+            let mut script = script.to_vec();
+            script.sort_by_key(|s| s.at);
+            script
+        },
+        writes,
         last_rv: 0,
         host_error: None,
     };
     driver.workload();
     driver.heal(&rates, &executor);
-    let liveness = driver.liveness();
+    let liveness = driver.liveness(&record.ensured);
     report(driver, liveness, &record, &executor)
+}
+
+/// Each template's capacity limit, by id.
+fn capacity_limits(templates: &TemplateRegistry) -> std::collections::BTreeMap<String, u32> {
+    templates
+        .templates()
+        .iter()
+        .map(|(id, template)| (id.clone(), template.capacity()))
+        .collect()
+}
+
+/// Adds the replica hosts, each with its own drawn clock skew and drift; returns the
+/// handles that step their clocks.
+fn add_replicas(
+    sim: &mut turmoil::Sim<'_>,
+    config: &Config,
+    plan: &FaultPlan,
+    rng: &mut StdRng,
+    material: &Arc<Material>,
+    executor: &MemExecutor,
+    security: &Option<Arc<Mutex<SecurityFiles>>>,
+) -> Vec<Arc<AtomicI64>> {
+    let mut steppers = Vec::new();
+    for i in 0..config.replicas {
+        let skew = draw_signed(rng, plan.skew_ms);
+        let drift = draw_signed(rng, plan.drift_ppm);
+        let clock = SkewedClock::new(skew, drift);
+        steppers.push(clock.stepper());
+        let replica = Replica {
+            index: i,
+            clock,
+            material: material.clone(),
+            executor: executor.clone(),
+            seed: config.seed,
+            security: security.clone(),
+        };
+        add_replica(sim, replica);
+    }
+    steppers
 }
 
 /// The end-of-run history checks and the report.
@@ -222,11 +307,7 @@ fn report(
     executor: &MemExecutor,
 ) -> Report {
     let objects = driver.api.objects_of_kind("ExecutionEnvironment");
-    let acknowledged = record.acknowledged.lock().expect("lock").clone();
-    let ensured = record.ensured.lock().expect("lock").clone();
-    driver
-        .checker
-        .finish(&acknowledged, &ensured, executor, &objects);
+    driver.checker.finish(&record.history(), executor, &objects);
     let mut violations = driver.checker.violations().to_vec();
     violations.extend(record.violations.lock().expect("lock").iter().cloned());
     let end = driver.sim.elapsed().as_millis();
@@ -257,15 +338,12 @@ fn draw_signed(rng: &mut StdRng, bound: i64) -> i64 {
 fn add_api_host(
     sim: &mut turmoil::Sim<'_>,
     api: &ApiServer,
+    faulty: FaultyApi,
     material: &Arc<Material>,
-    rates: &Arc<Mutex<ApiRates>>,
-    trace: &Trace,
-    seed: u64,
 ) {
     let api = api.clone();
     let workspaces = material.state.workspaces_dir();
     let templates = material.templates.clone();
-    let faulty = FaultyApi::new(api.clone(), seed ^ 0xa91, rates.clone(), trace.clone());
     sim.host(API_HOST, move || {
         let api = api.clone();
         let faulty = faulty.clone();
@@ -284,21 +362,31 @@ fn add_api_host(
     });
 }
 
-fn add_replica(
-    sim: &mut turmoil::Sim<'_>,
+/// What one replica host is made of.
+struct Replica {
     index: u32,
     clock: SkewedClock,
-    material: &Arc<Material>,
-    executor: &MemExecutor,
+    material: Arc<Material>,
+    executor: MemExecutor,
     seed: u64,
-) {
-    let material = material.clone();
-    let executor = executor.clone();
+    /// The run's own security directory, when the security manager runs (and its manifest
+    /// is rotated and rolled back as a fault).
+    security: Option<Arc<Mutex<SecurityFiles>>>,
+}
+
+fn add_replica(sim: &mut turmoil::Sim<'_>, replica: Replica) {
     let incarnation = Arc::new(AtomicU64::new(0));
-    sim.host(replica_host(index), move || {
-        let material = material.clone();
-        let executor = executor.clone();
-        let clock = clock.clone();
+    sim.host(replica_host(replica.index), move || {
+        let Replica {
+            index,
+            clock,
+            material,
+            executor,
+            seed,
+            security: files,
+        } = &replica;
+        let (index, seed, clock) = (*index, *seed, clock.clone());
+        let (material, executor, files) = (material.clone(), executor.clone(), files.clone());
         let life = incarnation.fetch_add(1, Ordering::Relaxed);
         async move {
             let ids_seed = seed ^ (u64::from(index) << 32) ^ (life << 48) ^ 0x1d5;
@@ -306,14 +394,29 @@ fn add_replica(
                 clock: Arc::new(clock.clone()),
                 ids: Arc::new(SeededIds::new(ids_seed)),
             };
-            let loaded = security::load_directory(
-                &material.state.manifest_path(),
-                &material.state.security_dir(),
-            )?;
+            let (manifest, tls_dir) = match &files {
+                Some(files) => {
+                    let files = files.lock().expect("security files lock");
+                    (files.manifest_path().to_owned(), files.tls_dir().to_owned())
+                }
+                None => (
+                    material.state.manifest_path(),
+                    material.state.security_dir(),
+                ),
+            };
+            let loaded = security::load_directory(&manifest, &tls_dir)?;
             let security = Security::new(&loaded, runtime.clock.clone())?;
+            let kube = kube_client(API_HOST, API_PORT, NAMESPACE);
+            if let Some(files) = &files {
+                let manager = files
+                    .lock()
+                    .expect("security files lock")
+                    .manager(security.clone(), kube.clone());
+                tokio::spawn(manager.run(std::future::pending::<()>()));
+            }
             let deps = Dependencies {
                 runtime,
-                kube: kube_client(API_HOST, API_PORT, NAMESPACE),
+                kube,
                 executor: Arc::new(executor),
                 templates: material.templates.clone(),
                 security,
@@ -337,6 +440,7 @@ fn add_clients(
     plan: &FaultPlan,
     material: &Arc<Material>,
     record: &Record,
+    api: &ApiServer,
 ) -> Vec<String> {
     let owners = ["alice", "bob"];
     let count = match config.scenario {
@@ -365,6 +469,7 @@ fn add_clients(
             mix: config.scenario.mix(),
             stale_claim_rate: plan.stale_claim_rate,
             invalid_rate: plan.invalid_rate,
+            api: api.clone(),
         };
         sim.client(host.clone(), workload::run(spec, record.clone()));
         hosts.push(host);

@@ -24,7 +24,7 @@ fn trace_from_a_fresh_process(scenario: &str, seed: u64) -> String {
 
 #[test]
 fn the_same_seed_replayed_in_a_fresh_process_gives_a_byte_identical_trace() {
-    for (scenario, seed) in [("failover", 3), ("stale-epoch", 4)] {
+    for (scenario, seed) in [("failover", 3), ("stale-epoch", 4), ("revocation-race", 4)] {
         let first = trace_from_a_fresh_process(scenario, seed);
         let second = trace_from_a_fresh_process(scenario, seed);
         assert!(first.lines().count() > 50, "the run did something");
@@ -37,6 +37,14 @@ fn the_determinism_seeds_exercise_replica_crashes() {
     let trace = trace_from_a_fresh_process("failover", 3);
     assert!(trace.contains("crash replica"), "{trace}");
     assert!(trace.contains("restart replica"), "{trace}");
+}
+
+#[test]
+fn the_determinism_seeds_exercise_security_rotation_and_rollback() {
+    let trace = trace_from_a_fresh_process("revocation-race", 4);
+    assert!(trace.contains("security rotate"), "{trace}");
+    assert!(trace.contains("security rollback"), "{trace}");
+    assert!(trace.contains("security restore"), "{trace}");
 }
 
 #[test]

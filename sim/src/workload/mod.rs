@@ -16,12 +16,13 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::clock::SkewedClock;
-use crate::invariants::Acknowledged;
+use crate::invariants::{Acknowledged, History, Revoked};
 use crate::net::SimNet;
 use crate::scenario::Mix;
 use crate::trace::Trace;
 
 mod admin;
+mod claims;
 
 type Client = ExecutionProviderServiceClient<Channel>;
 
@@ -38,9 +39,28 @@ pub struct Record {
     pub violations: Arc<Mutex<Vec<String>>>,
     /// Calls issued.
     pub calls: Arc<Mutex<u64>>,
+    /// Acknowledged revocations.
+    pub revoked: Arc<Mutex<Vec<Revoked>>>,
+    /// Operation ids of requests refused with a definitive code.
+    pub refused: Arc<Mutex<BTreeSet<String>>>,
+    /// Environments whose DeleteRetiredEnvironment was acknowledged.
+    pub deleted: Arc<Mutex<BTreeSet<String>>>,
     /// Run claims by `owner/binding`, shared by every client host of that owner (workers
     /// of one platform passing a claim around), oldest first.
     pub claims: Arc<Mutex<BTreeMap<String, Vec<pb::RunClaimResponse>>>>,
+}
+
+impl Record {
+    /// What the clients recorded, for the checker.
+    pub fn history(&self) -> History {
+        History {
+            acknowledged: self.acknowledged.lock().expect("lock").clone(),
+            revoked: self.revoked.lock().expect("lock").clone(),
+            ensured: self.ensured.lock().expect("lock").clone(),
+            refused: self.refused.lock().expect("lock").clone(),
+            deleted: self.deleted.lock().expect("lock").clone(),
+        }
+    }
 }
 
 /// One client host's parameters.
@@ -70,11 +90,16 @@ pub struct ClientSpec {
     pub stale_claim_rate: f64,
     /// Chance of a deliberately invalid request.
     pub invalid_rate: f64,
+    /// The API server, read the way an administrator reads an environment's status (for
+    /// the exact identities lifecycle calls must name).
+    pub api: execution_provider::kube::apiserver::ApiServer,
 }
 
 #[derive(Default)]
 struct Binding {
     env: Option<pb::EnvironmentRef>,
+    /// An ensure of this binding was tried and not confirmed (its answer may be lost).
+    unconfirmed: bool,
     versions: BTreeMap<String, Vec<u8>>,
 }
 
@@ -120,7 +145,34 @@ pub async fn run(spec: ClientSpec, record: Record) -> turmoil::Result {
         tokio::time::sleep(Duration::from_millis(pause)).await;
         session.step().await;
     }
+    session.retry_unconfirmed_ensures().await;
     Ok(())
+}
+
+/// Simulated milliseconds now.
+fn now_ms() -> u128 {
+    turmoil::sim_elapsed().unwrap_or_default().as_millis()
+}
+
+/// Whether `result` is a refusal that proves the request changed nothing (not an outcome
+/// the client cannot know, and not a failure a lost answer may have caused).
+fn definitively_refused<T>(result: &Result<T, tonic::Status>) -> bool {
+    use tonic::Code;
+    matches!(
+        result,
+        Err(status) if matches!(
+            status.code(),
+            Code::InvalidArgument
+                | Code::NotFound
+                | Code::AlreadyExists
+                | Code::PermissionDenied
+                | Code::FailedPrecondition
+                | Code::Aborted
+                | Code::OutOfRange
+                | Code::ResourceExhausted
+                | Code::Unauthenticated
+        )
+    )
 }
 
 /// How a call ended, as the trace shows it.
@@ -161,6 +213,17 @@ impl Session {
     fn trace(&self, event: String) {
         self.record.trace.record(&self.spec.host, event);
         *self.record.calls.lock().expect("calls lock") += 1;
+    }
+
+    /// Records `operation_id` as refused when `result` is a definitive refusal.
+    fn note_refusal<T>(&self, operation_id: &str, result: &Result<T, tonic::Status>) {
+        if definitively_refused(result) {
+            self.record
+                .refused
+                .lock()
+                .expect("refused lock")
+                .insert(operation_id.to_owned());
+        }
     }
 
     fn unexpected(&self, what: String) {
@@ -217,6 +280,28 @@ impl Session {
         }
     }
 
+    /// Before leaving, a platform retries the ensures it never got an answer for (a few
+    /// times): the store must finish a pending ensure whose create succeeded but whose answer
+    /// was lost.
+    async fn retry_unconfirmed_ensures(&mut self) {
+        const ATTEMPTS: u32 = 3;
+        for _ in 0..ATTEMPTS {
+            let unconfirmed: Vec<String> = self
+                .bindings
+                .iter()
+                .filter(|(_, b)| b.unconfirmed)
+                .map(|(name, _)| name.clone())
+                .collect();
+            if unconfirmed.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for binding in unconfirmed {
+                self.ensure(&binding).await;
+            }
+        }
+    }
+
     async fn template(&mut self) -> Option<pb::TemplateSelector> {
         if self.template.is_none() {
             let result = self
@@ -248,6 +333,8 @@ impl Session {
         };
         let result = self.client().ensure_template(request).await;
         self.trace(format!("ensure {binding} -> {}", outcome(&result)));
+        let state = self.bindings.get_mut(binding).expect("known binding");
+        state.unconfirmed = result.is_err();
         let Ok(response) = result else { return };
         let env = response.into_inner().environment;
         if let Some(env) = &env {
@@ -273,92 +360,7 @@ impl Session {
         }
     }
 
-    async fn acquire(&mut self, binding: &str) {
-        let env = self.bindings[binding].env.clone();
-        let run_id = self.next_id("run");
-        let request = pb::AcquireRunRequest {
-            environment: env,
-            owner: Some(self.spec.owner.clone()),
-            binding_id: binding.to_owned(),
-            operation_id: self.next_id("acquire"),
-            run_id,
-            ttl_millis: 30_000,
-        };
-        let result = self.client().acquire_run(request).await;
-        self.trace(format!("acquire {binding} -> {}", outcome(&result)));
-        if let Ok(claim) = result {
-            let claim = claim.into_inner();
-            let key = self.board_key(binding);
-            let mut board = self.record.claims.lock().expect("claims lock");
-            board.entry(key).or_default().push(claim);
-        }
-    }
-
-    fn board_key(&self, binding: &str) -> String {
-        format!("{}/{binding}", self.spec.owner.subject)
-    }
-
-    fn shared_claims(&self, binding: &str) -> Vec<pb::RunClaimResponse> {
-        let board = self.record.claims.lock().expect("claims lock");
-        board
-            .get(&self.board_key(binding))
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    /// The claim to use: usually the newest, sometimes an older one (a stale epoch).
-    fn claim(&mut self, binding: &str) -> Option<pb::RunClaimResponse> {
-        let claims = self.shared_claims(binding);
-        let n = claims.len();
-        if n == 0 {
-            return None;
-        }
-        let stale = n > 1 && self.rng.random_bool(self.spec.stale_claim_rate);
-        let i = if stale {
-            self.rng.random_range(0..n - 1)
-        } else {
-            n - 1
-        };
-        Some(claims[i].clone())
-    }
-
-    fn context(&self, binding: &str, claim: &pb::RunClaimResponse) -> pb::RequestContext {
-        pb::RequestContext {
-            environment: claim.environment.clone(),
-            owner: Some(self.spec.owner.clone()),
-            binding_id: binding.to_owned(),
-            epoch: claim.epoch,
-            grant: claim.grant.clone(),
-            run_id: claim.run_id.clone(),
-            claim_id: claim.claim_id.clone(),
-            grant_generation: claim.grant_generation,
-        }
-    }
-
-    async fn renew(&mut self, binding: &str) {
-        let Some(claim) = self.claim(binding) else {
-            return self.acquire(binding).await;
-        };
-        let request = pb::RenewRunRequest {
-            environment: claim.environment.clone(),
-            owner: Some(self.spec.owner.clone()),
-            binding_id: binding.to_owned(),
-            run_id: claim.run_id.clone(),
-            claim_id: claim.claim_id.clone(),
-            epoch: claim.epoch,
-            operation_id: self.next_id("renew"),
-            ttl_millis: 30_000,
-            grant_generation: claim.grant_generation,
-        };
-        let result = self.client().renew_run(request).await;
-        self.trace(format!(
-            "renew {binding} e{} -> {}",
-            claim.epoch,
-            outcome(&result)
-        ));
-    }
-
-    fn acknowledge(&self, claim: &pb::RunClaimResponse, what: String) {
+    fn acknowledge(&self, claim: &pb::RunClaimResponse, sent_ms: u128, what: String) {
         let environment = claim
             .environment
             .as_ref()
@@ -372,6 +374,8 @@ impl Session {
                 environment,
                 claim_id: claim.claim_id.clone(),
                 epoch: claim.epoch,
+                grant_generation: claim.grant_generation,
+                sent_ms,
                 what,
             });
     }
@@ -404,6 +408,7 @@ impl Session {
             ..pb::FileRequest::default()
         };
         let what = format!("file {:?} {path}", operation);
+        let sent_ms = now_ms();
         let result = self.client().files(request).await;
         self.trace(format!(
             "{what} {binding} e{} -> {}",
@@ -416,7 +421,7 @@ impl Session {
                 let state = self.bindings.get_mut(binding).expect("known binding");
                 state.versions.insert(path, version);
             }
-            self.acknowledge(&claim, what);
+            self.acknowledge(&claim, sent_ms, what);
         }
     }
 
@@ -434,6 +439,7 @@ impl Session {
             command: command.clone(),
             timeout_millis: 10_000,
         };
+        let sent_ms = now_ms();
         let result = self.client().start_command(request).await;
         self.trace(format!(
             "command `{command}` {binding} e{} -> {}",
@@ -441,29 +447,7 @@ impl Session {
             outcome(&result)
         ));
         if result.is_ok() {
-            self.acknowledge(&claim, format!("command `{command}`"));
+            self.acknowledge(&claim, sent_ms, format!("command `{command}`"));
         }
-    }
-
-    async fn release(&mut self, binding: &str) {
-        let Some(claim) = self.claim(binding) else {
-            return;
-        };
-        let request = pb::ReleaseRunRequest {
-            environment: claim.environment.clone(),
-            owner: Some(self.spec.owner.clone()),
-            binding_id: binding.to_owned(),
-            run_id: claim.run_id.clone(),
-            claim_id: claim.claim_id.clone(),
-            epoch: claim.epoch,
-            operation_id: self.next_id("release"),
-            grant_generation: claim.grant_generation,
-        };
-        let result = self.client().release_run(request).await;
-        self.trace(format!(
-            "release {binding} e{} -> {}",
-            claim.epoch,
-            outcome(&result)
-        ));
     }
 }

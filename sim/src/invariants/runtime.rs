@@ -1,0 +1,251 @@
+//! The invariants the runtime objects show: §10.21 capacity (the ledger never holds more than
+//! the template's limit, a CR is created only after its slot is reserved, and the ledger
+//! together with the live CRs never exceeds the limit), §10.26 (an executor Pod loses its
+//! termination finalizer only after the proof of its termination is stored) and §10.27 (a
+//! workspace PVC is deleted only by an admitted DeleteRetiredEnvironment).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use execution_provider::kube::crd::{
+    EXECUTOR_FINALIZER, ExecutionEnvironmentStatus, LABEL_ENVIRONMENT, LEDGER_CONFIGMAP_NAME,
+    LifecyclePhase, LifecycleType, ledger_key,
+};
+use execution_provider::security::manager::DEFAULT_AUTHORITY_CONFIGMAP;
+use serde_json::Value;
+
+use super::environment::Seen;
+
+/// What the runtime checks remember.
+#[derive(Debug, Default)]
+pub(super) struct Runtime {
+    /// Capacity limit by ledger key, and the template id of that key.
+    limits: BTreeMap<String, (String, u32)>,
+    /// The ledger as last written.
+    ledger: BTreeMap<String, BTreeSet<String>>,
+    /// Whether each Pod (by UID) last carried the termination finalizer.
+    pod_finalizer: BTreeMap<String, bool>,
+    /// The security authority ledger as last written: generation and digest.
+    authority: Option<(u64, String)>,
+}
+
+fn label<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
+    object.pointer("/metadata/labels")?.get(key)?.as_str()
+}
+
+fn str_at<'a>(object: &'a Value, pointer: &str) -> &'a str {
+    object
+        .pointer(pointer)
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+}
+
+fn ledger_entries(configmap: &Value) -> BTreeMap<String, BTreeSet<String>> {
+    let Some(data) = configmap.get("data").and_then(|d| d.as_object()) else {
+        return BTreeMap::new();
+    };
+    data.iter()
+        .map(|(key, text)| {
+            let names = text
+                .as_str()
+                .and_then(|t| serde_json::from_str::<Vec<String>>(t).ok())
+                .unwrap_or_default();
+            (key.clone(), names.into_iter().collect())
+        })
+        .collect()
+}
+
+fn condition_true(env: &Value, kind: &str) -> bool {
+    env.pointer("/status/conditions")
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"].as_str() == Some(kind) && c["status"].as_str() == Some("True"))
+        })
+}
+
+/// Retired, executor terminated and releasing its slot: no longer counted (spec §2.5).
+fn deallocating(env: &Value) -> bool {
+    condition_true(env, "Retired")
+        && condition_true(env, "ExecutorTerminated")
+        && env
+            .pointer("/status/lifecycleOperation/type")
+            .and_then(|t| t.as_str())
+            == Some("DeleteRetiredEnvironment")
+        && env
+            .pointer("/status/lifecycleOperation/phase")
+            .and_then(|t| t.as_str())
+            == Some("ReleasingSlot")
+}
+
+impl Runtime {
+    /// Checks against these capacity limits by template id.
+    pub(super) fn new(limits: &BTreeMap<String, u32>) -> Self {
+        Self {
+            limits: limits
+                .iter()
+                .map(|(id, limit)| (ledger_key(id), (id.clone(), *limit)))
+                .collect(),
+            ..Self::default()
+        }
+    }
+
+    /// A committed write of a ConfigMap: the capacity ledger or the security authority
+    /// ledger.
+    pub(super) fn configmap_written(&mut self, object: &Value, found: &mut Vec<String>) {
+        match str_at(object, "/metadata/name") {
+            LEDGER_CONFIGMAP_NAME => self.ledger_written(object, found),
+            DEFAULT_AUTHORITY_CONFIGMAP => self.authority_written(object, found),
+            _ => {}
+        }
+    }
+
+    /// api-security §6.5: the authority ledger never moves to a lower generation (rollback)
+    /// nor to other content under the same generation (drift).
+    fn authority_written(&mut self, object: &Value, found: &mut Vec<String>) {
+        let state = object
+            .pointer("/data/state.json")
+            .and_then(|s| s.as_str())
+            .and_then(|s| serde_json::from_str::<Value>(s).ok());
+        let Some(state) = state else {
+            found.push("the security authority ledger was written unreadable".to_owned());
+            return;
+        };
+        let generation = state["generation"].as_u64().unwrap_or(0);
+        let digest = state["digest"].as_str().unwrap_or_default().to_owned();
+        if let Some((last, last_digest)) = &self.authority {
+            if generation < *last {
+                found.push(format!(
+                    "security: the authority ledger rolled back from generation {last} to {generation}"
+                ));
+            } else if generation == *last && digest != *last_digest {
+                found.push(format!(
+                    "security: the authority ledger drifted within generation {generation}"
+                ));
+            }
+        }
+        self.authority = Some((generation, digest));
+    }
+
+    fn ledger_written(&mut self, object: &Value, found: &mut Vec<String>) {
+        self.ledger = ledger_entries(object);
+        for (key, names) in &self.ledger {
+            if let Some((template, limit)) = self.limits.get(key)
+                && names.len() > *limit as usize
+            {
+                found.push(format!(
+                    "§10.21 the capacity ledger of template {template} holds {} environments, over its limit {limit}",
+                    names.len()
+                ));
+            }
+        }
+    }
+
+    /// A committed create of an environment: its slot must already be reserved.
+    pub(super) fn environment_created(&self, object: &Value, found: &mut Vec<String>) {
+        let name = str_at(object, "/metadata/name");
+        let template = str_at(object, "/spec/templateID");
+        let reserved = self
+            .ledger
+            .get(&ledger_key(template))
+            .is_some_and(|names| names.contains(name));
+        if !reserved {
+            found.push(format!(
+                "§10.21 {name} was created before its capacity slot was reserved"
+            ));
+        }
+    }
+
+    /// A committed write of a Pod: losing the termination finalizer needs a stored proof.
+    pub(super) fn pod_written(
+        &mut self,
+        object: &Value,
+        envs: &BTreeMap<String, Seen>,
+        found: &mut Vec<String>,
+    ) {
+        let uid = str_at(object, "/metadata/uid").to_owned();
+        let has = object
+            .pointer("/metadata/finalizers")
+            .and_then(|f| f.as_array())
+            .is_some_and(|f| f.iter().any(|f| f.as_str() == Some(EXECUTOR_FINALIZER)));
+        let had = self.pod_finalizer.insert(uid.clone(), has);
+        if had != Some(true) || has {
+            return;
+        }
+        let Some(env) = label(object, LABEL_ENVIRONMENT) else {
+            return;
+        };
+        let Some(seen) = envs.get(env) else {
+            return;
+        };
+        let proven = seen
+            .status
+            .termination_proof
+            .as_ref()
+            .is_some_and(|p| p.pod_uid == uid);
+        if !proven {
+            found.push(format!(
+                "§10.26 the termination finalizer of Pod {uid} of {env} was removed before its termination proof was stored"
+            ));
+        }
+    }
+
+    /// A committed delete of a PVC: only an admitted DeleteRetiredEnvironment of exactly
+    /// that PVC deletes it.
+    pub(super) fn pvc_deleted(
+        &self,
+        path: &str,
+        object: &Value,
+        envs: &BTreeMap<String, Seen>,
+        found: &mut Vec<String>,
+    ) {
+        let name = path.rsplit('/').next().unwrap_or_default();
+        let owner = envs
+            .iter()
+            .find(|(_, s)| s.status.pvc.as_ref().is_some_and(|p| p.name == name));
+        let Some((env, seen)) = owner else {
+            return;
+        };
+        let uid = object
+            .pointer("/metadata/uid")
+            .and_then(|u| u.as_str())
+            .map(str::to_owned);
+        let admitted = admitted_pvc_delete(&seen.status, uid.as_deref());
+        if !admitted {
+            found.push(format!(
+                "§10.27 the workspace PVC {name} of {env} was deleted without an admitted DeleteRetiredEnvironment"
+            ));
+        }
+    }
+
+    /// Checks the stored state at one instant: the ledger together with the live
+    /// environments never exceeds a template's limit.
+    pub(super) fn capacity(&self, envs: &[Value], configmaps: &[Value], found: &mut Vec<String>) {
+        let ledger = configmaps
+            .iter()
+            .find(|c| str_at(c, "/metadata/name") == LEDGER_CONFIGMAP_NAME)
+            .map(ledger_entries)
+            .unwrap_or_default();
+        for (key, (template, limit)) in &self.limits {
+            let mut counted = ledger.get(key).cloned().unwrap_or_default();
+            counted.extend(
+                envs.iter()
+                    .filter(|e| str_at(e, "/spec/templateID") == template && !deallocating(e))
+                    .map(|e| str_at(e, "/metadata/name").to_owned()),
+            );
+            if counted.len() > *limit as usize {
+                found.push(format!(
+                    "§10.21 template {template} has {} environments (ledger and live), over its limit {limit}",
+                    counted.len()
+                ));
+            }
+        }
+    }
+}
+
+fn admitted_pvc_delete(status: &ExecutionEnvironmentStatus, uid: Option<&str>) -> bool {
+    status.lifecycle_operation.as_ref().is_some_and(|op| {
+        op.type_ == LifecycleType::DeleteRetiredEnvironment
+            && op.phase == LifecyclePhase::DeletingPvc
+            && uid.is_none_or(|uid| op.expected_pvc_uid.as_deref() == Some(uid))
+    })
+}

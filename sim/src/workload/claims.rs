@@ -1,0 +1,167 @@
+//! The run-claim actions of a client: acquire, renew (and replay the renewal, §10.12) and
+//! release, and the claim board that workers of one owner share (where stale claims come
+//! from).
+
+use execution_provider::api::pb;
+use rand::RngExt;
+
+use super::{Session, outcome};
+
+impl Session {
+    pub(super) async fn acquire(&mut self, binding: &str) {
+        let env = self.bindings[binding].env.clone();
+        let run_id = self.next_id("run");
+        let operation_id = self.next_id("acquire");
+        let request = pb::AcquireRunRequest {
+            environment: env,
+            owner: Some(self.spec.owner.clone()),
+            binding_id: binding.to_owned(),
+            operation_id: operation_id.clone(),
+            run_id,
+            ttl_millis: 30_000,
+        };
+        let result = self.client().acquire_run(request).await;
+        self.trace(format!("acquire {binding} -> {}", outcome(&result)));
+        self.note_refusal(&operation_id, &result);
+        if let Ok(claim) = result {
+            let claim = claim.into_inner();
+            let key = self.board_key(binding);
+            let mut board = self.record.claims.lock().expect("claims lock");
+            board.entry(key).or_default().push(claim);
+        }
+    }
+
+    pub(super) fn board_key(&self, binding: &str) -> String {
+        format!("{}/{binding}", self.spec.owner.subject)
+    }
+
+    pub(super) fn shared_claims(&self, binding: &str) -> Vec<pb::RunClaimResponse> {
+        let board = self.record.claims.lock().expect("claims lock");
+        board
+            .get(&self.board_key(binding))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The claim to use: usually the newest, sometimes an older one (a stale epoch).
+    pub(super) fn claim(&mut self, binding: &str) -> Option<pb::RunClaimResponse> {
+        let claims = self.shared_claims(binding);
+        let n = claims.len();
+        if n == 0 {
+            return None;
+        }
+        let stale = n > 1 && self.rng.random_bool(self.spec.stale_claim_rate);
+        let i = if stale {
+            self.rng.random_range(0..n - 1)
+        } else {
+            n - 1
+        };
+        Some(claims[i].clone())
+    }
+
+    pub(super) fn context(
+        &self,
+        binding: &str,
+        claim: &pb::RunClaimResponse,
+    ) -> pb::RequestContext {
+        pb::RequestContext {
+            environment: claim.environment.clone(),
+            owner: Some(self.spec.owner.clone()),
+            binding_id: binding.to_owned(),
+            epoch: claim.epoch,
+            grant: claim.grant.clone(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            grant_generation: claim.grant_generation,
+        }
+    }
+
+    pub(super) async fn renew(&mut self, binding: &str) {
+        let Some(claim) = self.claim(binding) else {
+            return self.acquire(binding).await;
+        };
+        let request = pb::RenewRunRequest {
+            environment: claim.environment.clone(),
+            owner: Some(self.spec.owner.clone()),
+            binding_id: binding.to_owned(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            epoch: claim.epoch,
+            operation_id: self.next_id("renew"),
+            ttl_millis: 30_000,
+            grant_generation: claim.grant_generation,
+        };
+        let result = self.client().renew_run(request.clone()).await;
+        self.trace(format!(
+            "renew {binding} e{} -> {}",
+            claim.epoch,
+            outcome(&result)
+        ));
+        self.note_refusal(&request.operation_id, &result);
+        if let Ok(first) = result {
+            self.replay_renewal(binding, request, first.into_inner())
+                .await;
+        }
+    }
+
+    /// §10.12: replaying an applied renewal returns the recorded expiry without extending
+    /// it, and the same operation id with another TTL is refused.
+    pub(super) async fn replay_renewal(
+        &mut self,
+        binding: &str,
+        request: pb::RenewRunRequest,
+        first: pb::RunClaimResponse,
+    ) {
+        let replay = self.client().renew_run(request.clone()).await;
+        self.trace(format!("renew replay {binding} -> {}", outcome(&replay)));
+        if let Ok(again) = replay
+            && again.get_ref().expires_at != first.expires_at
+        {
+            self.unexpected(format!(
+                "§10.12 replaying renewal {} moved the expiry {:?} -> {:?}",
+                request.operation_id,
+                first.expires_at,
+                again.get_ref().expires_at
+            ));
+        }
+        let altered = pb::RenewRunRequest {
+            ttl_millis: request.ttl_millis + 1_000,
+            ..request
+        };
+        let result = self.client().renew_run(altered.clone()).await;
+        self.trace(format!(
+            "renew same id, other ttl {binding} -> {}",
+            outcome(&result)
+        ));
+        if result.is_ok() {
+            self.unexpected(format!(
+                "§10.12 renewal id {} was reused for another request and accepted",
+                altered.operation_id
+            ));
+        }
+    }
+
+    pub(super) async fn release(&mut self, binding: &str) {
+        let Some(claim) = self.claim(binding) else {
+            return;
+        };
+        let request = pb::ReleaseRunRequest {
+            environment: claim.environment.clone(),
+            owner: Some(self.spec.owner.clone()),
+            binding_id: binding.to_owned(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            epoch: claim.epoch,
+            operation_id: self.next_id("release"),
+            grant_generation: claim.grant_generation,
+        };
+        let operation_id = request.operation_id.clone();
+        let result = self.client().release_run(request).await;
+        self.note_refusal(&operation_id, &result);
+        self.trace(format!(
+            "release {binding} e{} -> {}",
+            claim.epoch,
+            outcome(&result)
+        ));
+    }
+}
