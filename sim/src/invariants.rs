@@ -95,8 +95,13 @@ impl Checker {
         };
         let seen = self.seen.entry(name.clone()).or_default();
         if seen.uid != uid {
+            // A new incarnation under the same name (deleted, then ensured again) starts its
+            // version history afresh, but the claims its predecessor admitted operations under
+            // stay: calls acknowledged before the deletion are judged against them at the end.
+            let operation_claims = std::mem::take(&mut seen.operation_claims);
             *seen = environment::Seen {
                 uid,
+                operation_claims,
                 ..environment::Seen::default()
             };
         }
