@@ -22,6 +22,7 @@ pub struct SecurityFiles {
     manifest: PathBuf,
     tls: PathBuf,
     good: Value,
+    first: Value,
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -44,12 +45,13 @@ impl SecurityFiles {
         std::fs::copy(manifest, &copy).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
         let tls_copy = dir.path().join("security");
         copy_dir(tls, &tls_copy);
-        let good = serde_json::from_slice(&std::fs::read(&copy).expect("the manifest copy"))
+        let good: Value = serde_json::from_slice(&std::fs::read(&copy).expect("the manifest copy"))
             .expect("a JSON manifest");
         Self {
             _dir: dir,
             manifest: copy,
             tls: tls_copy,
+            first: good.clone(),
             good,
         }
     }
@@ -102,6 +104,15 @@ impl SecurityFiles {
         };
         self.write(&bad);
         what
+    }
+
+    /// A rotation that also changes the content: `edit` gets the manifest in force and the
+    /// run's first manifest (to put withdrawn material back); the result is written under the
+    /// next generation and is in force from then on. Returns that generation.
+    pub fn rotate_with(&mut self, edit: impl FnOnce(&mut Value, &Value)) -> u64 {
+        let first = self.first.clone();
+        edit(&mut self.good, &first);
+        self.rotate()
     }
 
     /// Writes the manifest in force back.

@@ -16,6 +16,7 @@ use crate::authority::SecurityFiles;
 use crate::executor::MemExecutor;
 use crate::faults::FaultPlan;
 use crate::invariants::Checker;
+use crate::node::node_host;
 use crate::trace::Trace;
 use crate::world::{API_HOST, LIVENESS_SECS, replica_host};
 use crate::writes::WriteLog;
@@ -29,8 +30,12 @@ pub(crate) struct Driver<'a> {
     pub(crate) trace: Trace,
     pub(crate) api: ApiServer,
     pub(crate) replicas: u32,
+    /// Executor node hosts (0: the executor is in process).
+    pub(crate) nodes: u32,
     pub(crate) clients: Vec<String>,
     pub(crate) down: Vec<(u32, Duration)>,
+    /// Crashed executor nodes and when they restart.
+    pub(crate) nodes_down: Vec<(u32, Duration)>,
     /// Cut links: the two hosts, when the cut ends, and whether messages are held (delivered
     /// all at once when it ends) rather than dropped.
     pub(crate) partitions: Vec<(String, String, Duration, bool)>,
@@ -140,10 +145,39 @@ impl Driver<'_> {
                 .record_at(ms, "world", format!("clock step replica-{i} {step}ms"));
         }
         self.authority(now, ms);
+        self.node_faults(now, ms);
         if self.chance(self.plan.compact_per_sec) {
             self.trace
                 .record_at(ms, "world", "compact (watches get 410)");
             self.api.compact();
+        }
+    }
+
+    /// Executor node crashes and restarts: the workspaces survive (they are the node's disk),
+    /// the calls in flight die with the process.
+    fn node_faults(&mut self, now: Duration, ms: u128) {
+        let due: Vec<u32> = self
+            .nodes_down
+            .iter()
+            .filter(|(_, until)| *until <= now)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in due {
+            self.nodes_down.retain(|(j, _)| *j != i);
+            self.trace
+                .record_at(ms, "world", format!("restart {}", node_host(i)));
+            self.sim.bounce(node_host(i));
+        }
+        if self.nodes == 0 || !self.chance(self.plan.node_crash_per_sec) {
+            return;
+        }
+        let i = self.rng.random_range(0..self.nodes);
+        if !self.nodes_down.iter().any(|(j, _)| *j == i) {
+            self.trace
+                .record_at(ms, "world", format!("crash {}", node_host(i)));
+            self.sim.crash(node_host(i));
+            let until = now + Duration::from_millis(self.plan.downtime_ms);
+            self.nodes_down.push((i, until));
         }
     }
 
@@ -161,7 +195,9 @@ impl Driver<'_> {
 
     fn partition(&mut self, now: Duration, ms: u128) {
         let replica = replica_host(self.rng.random_range(0..self.replicas));
-        let other = if self.rng.random_bool(0.5) {
+        let other = if self.nodes > 0 && self.rng.random_bool(1.0 / 3.0) {
+            node_host(self.rng.random_range(0..self.nodes))
+        } else if self.rng.random_bool(0.5) {
             API_HOST.to_owned()
         } else {
             let c = self.rng.random_range(0..self.clients.len());
@@ -183,12 +219,15 @@ impl Driver<'_> {
                 .record_at(ms, "world", format!("hold {replica} {other}"));
             self.sim.hold(replica.as_str(), other.as_str());
         } else if self.plan.one_way && self.rng.random_bool(0.5) {
-            self.trace.record_at(
-                ms,
-                "world",
-                format!("partition one-way {replica} -> {other}"),
-            );
-            self.sim.partition_oneway(replica.as_str(), other.as_str());
+            // A node link is cut in either direction (requests lost, or answers lost).
+            let (from, to) = if other.starts_with("node-") && self.rng.random_bool(0.5) {
+                (other.as_str(), replica.as_str())
+            } else {
+                (replica.as_str(), other.as_str())
+            };
+            self.trace
+                .record_at(ms, "world", format!("partition one-way {from} -> {to}"));
+            self.sim.partition_oneway(from, to);
         } else {
             self.trace
                 .record_at(ms, "world", format!("partition {replica} {other}"));
@@ -248,6 +287,11 @@ impl Driver<'_> {
             self.mend(ms, &a, &b, held);
         }
         self.down.clear();
+        for (i, _) in std::mem::take(&mut self.nodes_down) {
+            self.trace
+                .record_at(ms, "world", format!("restart {}", node_host(i)));
+            self.sim.bounce(node_host(i));
+        }
         if let Some(files) = &self.security {
             files.lock().expect("security files lock").restore();
             self.restore_at = None;

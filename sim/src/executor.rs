@@ -90,6 +90,24 @@ impl MemExecutor {
         rate > 0.0 && faults.0.random_bool(rate.min(1.0))
     }
 
+    /// How long the executor takes to answer.
+    pub fn latency(&self) -> Duration {
+        self.latency
+    }
+
+    /// What a hosted node does with one raw request frame: runs it like
+    /// [`MemExecutor::apply_frame`], and when the seed says so crashes mid-command after the
+    /// effect (`None`: the answer is lost).
+    pub fn serve_frame(&self, environment: &str, frame: &[u8]) -> Option<ExecutorEnvelope> {
+        let is_command = decode_strict::<ExecutorRequest>(frame)
+            .is_ok_and(|request| request.operation == Operation::CommandStart);
+        let envelope = self.apply_frame(environment, frame);
+        if is_command && self.crashes() {
+            return None;
+        }
+        Some(envelope)
+    }
+
     /// Runs one raw request frame (as the helper reads it from stdin) in `environment`.
     pub fn apply_frame(&self, environment: &str, frame: &[u8]) -> ExecutorEnvelope {
         let decoded = if frame.len() > execution_provider::executor::protocol::MAX_JSON_BODY {

@@ -42,6 +42,9 @@ pub struct FaultPlan {
     pub invalid_rate: f64,
     /// Chance per second of a security manifest rotation or rollback attempt.
     pub security_per_sec: f64,
+    /// Chance per second that an executor node host crashes (its workspaces survive, calls in
+    /// flight die; it restarts after `downtime_ms`). Applies only with node hosts.
+    pub node_crash_per_sec: f64,
 }
 
 impl FaultPlan {
@@ -84,9 +87,11 @@ impl FaultPlan {
             stale_claim_rate,
             invalid_rate,
             security_per_sec: 0.0,
+            node_crash_per_sec: 0.0,
         };
-        // Drawn last, so that adding it left every other draw of a seed as it was.
+        // Drawn last, so that adding them left every other draw of a seed as it was.
         plan.security_per_sec = p(weights.security);
+        plan.node_crash_per_sec = p(weights.executor);
         plan
     }
 
@@ -101,6 +106,7 @@ impl FaultPlan {
             compact_per_sec: 0.0,
             executor_crash_rate: 0.0,
             security_per_sec: 0.0,
+            node_crash_per_sec: 0.0,
             ..self.clone()
         }
     }

@@ -1,8 +1,13 @@
-//! Hand-driven races: a script of network and host actions applied at fixed simulated times
-//! on top of a scenario's drawn faults (turmoil's hold/release and partition controls, crash
-//! and restart), for the targeted cases of the store, security and reconciler catalogues.
+//! Hand-driven races: a script of network, host, clock and security actions applied at fixed
+//! simulated times on top of a scenario's drawn faults (turmoil's hold/release and partition
+//! controls, crash and restart, clock steps, security manifest changes), for the targeted
+//! cases of the store, security and reconciler catalogues, and snapshots of the stored
+//! environments into the trace so that a test can assert on the state a race left.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+use serde_json::Value;
 
 use crate::driver::Driver;
 use crate::world::replica_host;
@@ -16,12 +21,39 @@ pub enum Action {
     Release(String, String),
     /// Drop every message between two hosts until repaired.
     Partition(String, String),
+    /// Drop every message from the first host to the second (the other direction flows)
+    /// until repaired.
+    PartitionOneWay(String, String),
     /// Repair a partition.
     Repair(String, String),
     /// Crash replica `i` (its memory is lost).
     Crash(u32),
     /// Restart replica `i`.
     Restart(u32),
+    /// Step replica `i`'s clock by this many milliseconds (forward when positive).
+    ClockStep(u32, i64),
+    /// Change the security manifest under the next generation (only in scenarios whose
+    /// replicas run the security manager: `revocation-race`, `swarm`).
+    Security(Change),
+    /// Wait (re-checked every fault tick) until some stored environment holds an
+    /// `activeOperation`, record it (`operation live ID on NAME`), then schedule each action
+    /// this many milliseconds later. Steps at fixed times do not wait for it.
+    WhenOperationLive(Vec<(u64, Action)>),
+    /// Record every stored environment in the trace (`snapshot ...` lines, see
+    /// [`snapshot_line`]).
+    Snapshot,
+}
+
+/// A security manifest change, written under the next generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Every client loses every execution template (a template withdrawn from the policy).
+    WithdrawTemplates,
+    /// The client CA is replaced by a certificate that signed no client (CA removal: no
+    /// client certificate verifies any more, like an expired one).
+    DistrustClientCa,
+    /// The clients and the client CA of the run's first manifest come back.
+    Reinstate,
 }
 
 /// An action and when it happens (rounded up to the driver's 100 ms fault tick).
@@ -32,6 +64,9 @@ pub struct Scripted {
     /// What happens.
     pub action: Action,
 }
+
+/// The file the distrusting client CA is written to, in the run's security directory.
+const DISTRUSTED_CA_FILE: &str = "distrusted-client-ca.pem";
 
 impl Driver<'_> {
     /// Applies every scripted action that is due.
@@ -44,10 +79,129 @@ impl Driver<'_> {
                 Action::Hold(a, b) => self.sim.hold(a.as_str(), b.as_str()),
                 Action::Release(a, b) => self.sim.release(a.as_str(), b.as_str()),
                 Action::Partition(a, b) => self.sim.partition(a.as_str(), b.as_str()),
+                Action::PartitionOneWay(a, b) => {
+                    self.sim.partition_oneway(a.as_str(), b.as_str());
+                }
                 Action::Repair(a, b) => self.sim.repair(a.as_str(), b.as_str()),
                 Action::Crash(i) => self.sim.crash(replica_host(i)),
                 Action::Restart(i) => self.sim.bounce(replica_host(i)),
+                Action::ClockStep(i, step) => {
+                    let stepper = self.steppers.get(i as usize).unwrap_or_else(|| {
+                        panic!("the script steps the clock of replica {i}, which does not exist")
+                    });
+                    stepper.fetch_add(step, Ordering::Relaxed);
+                }
+                Action::Security(change) => self.change_security(change, ms),
+                Action::Snapshot => self.snapshot(ms),
+                Action::WhenOperationLive(then) => {
+                    let seen = self.find_environment(|status| {
+                        let id = status["activeOperation"]["id"].as_str()?;
+                        Some(format!("operation live {id}"))
+                    });
+                    self.when(now, ms, seen, Action::WhenOperationLive(then));
+                }
             }
         }
     }
+
+    fn change_security(&mut self, change: Change, ms: u128) {
+        let files = self.security.clone().unwrap_or_else(|| {
+            panic!("the script changes the security manifest, but this scenario's replicas run no security manager")
+        });
+        let mut files = files.lock().expect("security files lock");
+        let distrusted = files.tls_dir().join(DISTRUSTED_CA_FILE);
+        let generation = files.rotate_with(|manifest, first| match change {
+            Change::WithdrawTemplates => {
+                if let Some(clients) = manifest["clients"].as_array_mut() {
+                    for client in clients {
+                        client["executionTemplates"] = Value::Array(Vec::new());
+                    }
+                }
+            }
+            Change::DistrustClientCa => {
+                // The server's own certificate as the only trust anchor: it signed no client.
+                let server = manifest["tls"]["certificateFile"]
+                    .as_str()
+                    .unwrap_or_default();
+                let server = std::fs::read(distrusted.with_file_name(server))
+                    .expect("the server certificate");
+                std::fs::write(&distrusted, server).expect("the distrusting CA file");
+                manifest["tls"]["clientCAFile"] = DISTRUSTED_CA_FILE.into();
+            }
+            Change::Reinstate => {
+                manifest["clients"] = first["clients"].clone();
+                manifest["tls"] = first["tls"].clone();
+            }
+        });
+        self.trace
+            .record_at(ms, "script", format!("security generation {generation}"));
+    }
+
+    /// The first stored environment for which `what` says something, as `WHAT on NAME`.
+    fn find_environment(&self, what: impl Fn(&Value) -> Option<String>) -> Option<String> {
+        self.api
+            .objects_of_kind("ExecutionEnvironment")
+            .into_iter()
+            .find_map(|environment| {
+                let seen = what(&environment["status"])?;
+                let name = environment["metadata"]["name"].as_str()?;
+                Some(format!("{seen} on {name}"))
+            })
+    }
+
+    /// A waiting step: when its condition was `seen`, record it and schedule its actions
+    /// relative to now; otherwise look again at the next tick.
+    fn when(&mut self, now: Duration, ms: u128, seen: Option<String>, waiting: Action) {
+        let mut steps = match (seen, waiting) {
+            (Some(what), Action::WhenOperationLive(then)) => {
+                self.trace.record_at(ms, "script", what);
+                then.into_iter()
+                    .map(|(after, action)| Scripted {
+                        at: now + Duration::from_millis(after),
+                        action,
+                    })
+                    .collect()
+            }
+            (_, waiting) => vec![Scripted {
+                at: now + Duration::from_millis(1),
+                action: waiting,
+            }],
+        };
+        self.script.append(&mut steps);
+        self.script.sort_by_key(|s| s.at);
+    }
+
+    fn snapshot(&mut self, ms: u128) {
+        for environment in self.api.objects_of_kind("ExecutionEnvironment") {
+            self.trace
+                .record_at(ms, "script", snapshot_line(&environment));
+        }
+    }
+}
+
+/// One environment as a snapshot line: `snapshot NAME epoch=E grants=G fence=F op=ID
+/// lifecycle=TYPE/PHASE ready=STATUS/REASON`.
+pub fn snapshot_line(environment: &Value) -> String {
+    let status = &environment["status"];
+    let text = |v: &Value| match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let ready = status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .map_or("-".to_owned(), |c| {
+            format!("{}/{}", text(&c["status"]), text(&c["reason"]))
+        });
+    format!(
+        "snapshot {} epoch={} grants={} fence={} op={} lifecycle={}/{} ready={ready}",
+        text(&environment["metadata"]["name"]),
+        text(&status["epoch"]),
+        text(&status["grantGeneration"]),
+        text(&status["fenceState"]),
+        text(&status["activeOperation"]["id"]),
+        text(&status["lifecycleOperation"]["type"]),
+        text(&status["lifecycleOperation"]["phase"]),
+    )
 }

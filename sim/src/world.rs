@@ -6,19 +6,17 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use execution_provider::api::pb;
 use execution_provider::cli::state_dir::{DEV_CLIENT_URI, StateDir};
+use execution_provider::executor::ExecutorTransport;
 use execution_provider::kube::apiserver::ApiServer;
 use execution_provider::kube::node_agent::NodeAgent;
-use execution_provider::provider::{self, Dependencies, Settings, Shutdown};
-use execution_provider::runtime::net::Net;
+use execution_provider::runtime::SeededIds;
 use execution_provider::runtime::tls::{self, Identity};
-use execution_provider::runtime::{Runtime, SeededIds};
-use execution_provider::security::{self, Security};
 use execution_provider::templates::{TemplateError, TemplateRegistry};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -30,8 +28,10 @@ use crate::driver::Driver;
 use crate::executor::MemExecutor;
 use crate::faults::FaultPlan;
 use crate::invariants::Checker;
-use crate::net::{SimNet, kube_client, serve_http1};
+use crate::net::serve_http1;
+use crate::node::{HostedExecutor, add_nodes};
 use crate::pki::SimPki;
+use crate::replica::{Replica, add_replica};
 use crate::scenario::Scenario;
 use crate::script::Scripted;
 use crate::trace::Trace;
@@ -51,6 +51,10 @@ pub const API_HOST: &str = "apiserver";
 pub const CAPACITY: u32 = 8;
 /// Simulated seconds the liveness phase may take.
 pub const LIVENESS_SECS: u64 = 60;
+/// The executor node hosts (`node-0..`) serving the in-memory executor over turmoil TCP, so
+/// replica-to-node partitions and node crashes are part of the fault draw. The one switch:
+/// 0 puts the executor back in process, shared by the replicas (no node faults).
+pub const EXECUTOR_NODES: u32 = 1;
 
 /// The turmoil host name of replica `i`.
 pub fn replica_host(i: u32) -> String {
@@ -95,13 +99,13 @@ impl Report {
 }
 
 /// Material every host of a run shares (built once, outside the simulation).
-struct Material {
-    state: StateDir,
+pub(crate) struct Material {
+    pub(crate) state: StateDir,
     _dir: tempfile::TempDir,
     client: Identity,
     stranger: Identity,
     server_cas: Vec<rustls::pki_types::CertificateDer<'static>>,
-    templates: Arc<TemplateRegistry>,
+    pub(crate) templates: Arc<TemplateRegistry>,
 }
 
 fn read(path: PathBuf) -> Vec<u8> {
@@ -215,6 +219,7 @@ pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         writes.clone(),
     );
     add_api_host(&mut sim, &api, faulty, &material);
+    add_nodes(&mut sim, &executor, EXECUTOR_NODES);
     let security = (plan.security_per_sec > 0.0).then(|| {
         Arc::new(Mutex::new(SecurityFiles::copy(
             &material.state.manifest_path(),
@@ -222,8 +227,15 @@ pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         )))
     });
     let mut rng = StdRng::seed_from_u64(config.seed ^ 0xc10c);
+    let clocks = (0..config.replicas)
+        .map(|_| {
+            let skew = draw_signed(&mut rng, plan.skew_ms);
+            let drift = draw_signed(&mut rng, plan.drift_ppm);
+            SkewedClock::new(skew, drift)
+        })
+        .collect();
     let steppers = add_replicas(
-        &mut sim, config, &plan, &mut rng, &material, &executor, &security,
+        &mut sim, clocks, config, &material, &executor, &security, &trace,
     );
     let record = Record {
         trace: trace.clone(),
@@ -239,8 +251,10 @@ pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         trace,
         api,
         replicas: config.replicas,
+        nodes: EXECUTOR_NODES,
         clients,
         down: Vec::new(),
+        nodes_down: Vec::new(),
         partitions: Vec::new(),
         checker: Checker::new(&limits),
         security,
@@ -269,30 +283,33 @@ fn capacity_limits(templates: &TemplateRegistry) -> std::collections::BTreeMap<S
         .collect()
 }
 
-/// Adds the replica hosts, each with its own drawn clock skew and drift; returns the
+/// Adds the replica hosts, each with its own clock (drawn skew and drift); returns the
 /// handles that step their clocks.
 fn add_replicas(
     sim: &mut turmoil::Sim<'_>,
+    clocks: Vec<SkewedClock>,
     config: &Config,
-    plan: &FaultPlan,
-    rng: &mut StdRng,
     material: &Arc<Material>,
     executor: &MemExecutor,
     security: &Option<Arc<Mutex<SecurityFiles>>>,
+    trace: &Trace,
 ) -> Vec<Arc<AtomicI64>> {
     let mut steppers = Vec::new();
-    for i in 0..config.replicas {
-        let skew = draw_signed(rng, plan.skew_ms);
-        let drift = draw_signed(rng, plan.drift_ppm);
-        let clock = SkewedClock::new(skew, drift);
+    for (i, clock) in (0..config.replicas).zip(clocks) {
         steppers.push(clock.stepper());
+        let executor: Arc<dyn ExecutorTransport> = if EXECUTOR_NODES == 0 {
+            Arc::new(executor.clone())
+        } else {
+            Arc::new(HostedExecutor::new(EXECUTOR_NODES))
+        };
         let replica = Replica {
             index: i,
             clock,
             material: material.clone(),
-            executor: executor.clone(),
+            executor,
             seed: config.seed,
             security: security.clone(),
+            trace: trace.clone(),
         };
         add_replica(sim, replica);
     }
@@ -357,78 +374,6 @@ fn add_api_host(
             let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), API_PORT);
             let listener = turmoil::net::TcpListener::bind(addr).await?;
             serve_http1(listener, faulty).await?;
-            Ok(())
-        }
-    });
-}
-
-/// What one replica host is made of.
-struct Replica {
-    index: u32,
-    clock: SkewedClock,
-    material: Arc<Material>,
-    executor: MemExecutor,
-    seed: u64,
-    /// The run's own security directory, when the security manager runs (and its manifest
-    /// is rotated and rolled back as a fault).
-    security: Option<Arc<Mutex<SecurityFiles>>>,
-}
-
-fn add_replica(sim: &mut turmoil::Sim<'_>, replica: Replica) {
-    let incarnation = Arc::new(AtomicU64::new(0));
-    sim.host(replica_host(replica.index), move || {
-        let Replica {
-            index,
-            clock,
-            material,
-            executor,
-            seed,
-            security: files,
-        } = &replica;
-        let (index, seed, clock) = (*index, *seed, clock.clone());
-        let (material, executor, files) = (material.clone(), executor.clone(), files.clone());
-        let life = incarnation.fetch_add(1, Ordering::Relaxed);
-        async move {
-            let ids_seed = seed ^ (u64::from(index) << 32) ^ (life << 48) ^ 0x1d5;
-            let runtime = Runtime {
-                clock: Arc::new(clock.clone()),
-                ids: Arc::new(SeededIds::new(ids_seed)),
-            };
-            let (manifest, tls_dir) = match &files {
-                Some(files) => {
-                    let files = files.lock().expect("security files lock");
-                    (files.manifest_path().to_owned(), files.tls_dir().to_owned())
-                }
-                None => (
-                    material.state.manifest_path(),
-                    material.state.security_dir(),
-                ),
-            };
-            let loaded = security::load_directory(&manifest, &tls_dir)?;
-            let security = Security::new(&loaded, runtime.clock.clone())?;
-            let kube = kube_client(API_HOST, API_PORT, NAMESPACE);
-            if let Some(files) = &files {
-                let manager = files
-                    .lock()
-                    .expect("security files lock")
-                    .manager(security.clone(), kube.clone());
-                tokio::spawn(manager.run(std::future::pending::<()>()));
-            }
-            let deps = Dependencies {
-                runtime,
-                kube,
-                executor: Arc::new(executor),
-                templates: material.templates.clone(),
-                security,
-            };
-            let settings = Settings {
-                namespace: NAMESPACE.to_owned(),
-                executor_service_account: "execution-executor".to_owned(),
-            };
-            let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), GRPC_PORT);
-            let listener = SimNet.bind(addr).await?;
-            let (_trigger, shutdown) = Shutdown::new();
-            provider::run::<SimNet>(deps, settings, listener, shutdown).await?;
             Ok(())
         }
     });

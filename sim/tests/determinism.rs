@@ -24,7 +24,12 @@ fn trace_from_a_fresh_process(scenario: &str, seed: u64) -> String {
 
 #[test]
 fn the_same_seed_replayed_in_a_fresh_process_gives_a_byte_identical_trace() {
-    for (scenario, seed) in [("failover", 3), ("stale-epoch", 4), ("revocation-race", 4)] {
+    for (scenario, seed) in [
+        ("failover", 3),
+        ("stale-epoch", 4),
+        ("revocation-race", 4),
+        ("swarm", 6),
+    ] {
         let first = trace_from_a_fresh_process(scenario, seed);
         let second = trace_from_a_fresh_process(scenario, seed);
         assert!(first.lines().count() > 50, "the run did something");
@@ -45,6 +50,22 @@ fn the_determinism_seeds_exercise_security_rotation_and_rollback() {
     assert!(trace.contains("security rotate"), "{trace}");
     assert!(trace.contains("security rollback"), "{trace}");
     assert!(trace.contains("security restore"), "{trace}");
+}
+
+#[test]
+fn the_determinism_seeds_exercise_executor_node_crashes_and_partitions() {
+    if sim::world::EXECUTOR_NODES == 0 {
+        eprintln!("the executor runs in process (world::EXECUTOR_NODES is 0): no node faults");
+        return;
+    }
+    let trace = trace_from_a_fresh_process("swarm", 6);
+    assert!(trace.contains("crash node-0"), "{trace}");
+    assert!(trace.contains("restart node-0"), "{trace}");
+    assert!(trace.contains("hold replica-2 node-0"), "{trace}");
+    assert!(
+        trace.contains("partition one-way replica-1 -> node-0"),
+        "{trace}"
+    );
 }
 
 #[test]

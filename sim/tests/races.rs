@@ -1,6 +1,8 @@
 //! Hand-driven races from the store, security and reconciler catalogues (spec/store.md §12,
-//! the DS entries): turmoil's hold/release and partition controls and replica crashes at fixed
-//! times, on top of a scenario, judged by every invariant and the liveness phase.
+//! the DS entries, api-security.md §9): turmoil's hold/release and partition controls, replica
+//! crashes, clock steps and security manifest changes at fixed times or when an operation is
+//! live, on top of a scenario, judged by every invariant and the liveness phase, and each by
+//! the outcome its race must produce (refusal codes in the trace, the state in a snapshot).
 
 use std::time::Duration;
 
@@ -21,13 +23,24 @@ fn hosts(a: &str, b: &str) -> (String, String) {
 }
 
 fn passes(scenario: Scenario, script: &[Scripted]) -> Vec<Report> {
-    SEEDS
+    passes_for(scenario, SEEDS, 8, script)
+}
+
+/// Runs `script` on each seed of `seeds` for `duration_secs` of workload; every run must pass
+/// (invariants, history, liveness).
+fn passes_for(
+    scenario: Scenario,
+    seeds: std::ops::RangeInclusive<u64>,
+    duration_secs: u64,
+    script: &[Scripted],
+) -> Vec<Report> {
+    seeds
         .map(|seed| {
             let config = Config {
                 scenario,
                 seed,
                 replicas: 3,
-                duration_secs: 8,
+                duration_secs,
             };
             let report = run_scripted(&config, script);
             assert!(
@@ -89,4 +102,251 @@ fn a_replica_crash_during_dispatch_with_a_peer_cut_from_the_api_server_converges
         at(5_000, Action::Repair(a, b)),
     ];
     passes(Scenario::Smoke, &script);
+}
+
+/// One trace line: simulated milliseconds, actor, event.
+struct Line {
+    ms: u64,
+    actor: String,
+    event: String,
+}
+
+fn lines(report: &Report) -> Vec<Line> {
+    report
+        .trace
+        .lines()
+        .iter()
+        .filter_map(|line| {
+            let (ms, rest) = line.trim_start().split_once(' ')?;
+            let (actor, event) = rest.split_once(' ')?;
+            Some(Line {
+                ms: ms.parse().ok()?,
+                actor: actor.to_owned(),
+                event: event.trim_start().to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// A client call's outcome (`... -> OUTCOME`), with what was called.
+fn call(line: &Line) -> Option<(&str, &str)> {
+    if !line.actor.starts_with("client-") {
+        return None;
+    }
+    line.event.rsplit_once(" -> ")
+}
+
+fn is_data_plane(what: &str) -> bool {
+    what.starts_with("file ") || what.starts_with("command ") || what.starts_with("renew ")
+}
+
+/// The environment and operation id of the `operation live ID on NAME` line and its time.
+fn live_operation(lines: &[Line]) -> (u64, String, String) {
+    lines
+        .iter()
+        .find_map(|l| {
+            let rest = l.event.strip_prefix("operation live ")?;
+            let (id, name) = rest.split_once(" on ")?;
+            Some((l.ms, id.to_owned(), name.to_owned()))
+        })
+        .expect("the script saw a live operation")
+}
+
+/// The snapshot line of environment `name` taken at `ms`.
+fn snapshot_of<'a>(lines: &'a [Line], ms: u64, name: &str) -> &'a str {
+    let prefix = format!("snapshot {name} ");
+    lines
+        .iter()
+        .find(|l| l.ms == ms && l.event.starts_with(&prefix))
+        .map(|l| l.event.as_str())
+        .unwrap_or_else(|| {
+            let tail: Vec<String> = lines
+                .iter()
+                .rev()
+                .take(12)
+                .map(|l| format!("{} {} {}", l.ms, l.actor, l.event))
+                .collect();
+            panic!("no snapshot of {name} at {ms} ms; the trace ends (newest first): {tail:#?}")
+        })
+}
+
+/// Every replica crashes at once, cut from the API server (so that nothing it had in flight
+/// lands), and comes back a second later: the live operation's holder is gone for good.
+fn orphan_the_live_operation() -> Vec<(u64, Action)> {
+    let mut then = Vec::new();
+    for i in 0..3 {
+        let (a, b) = hosts(&format!("replica-{i}"), "apiserver");
+        then.push((0, Action::Partition(a.clone(), b.clone())));
+        then.push((0, Action::Crash(i)));
+        then.push((900, Action::Repair(a, b)));
+    }
+    then
+}
+
+/// Every replica crashes at once while an operation is in flight (its holder is gone for
+/// good), and they come back a second later (ActiveOperationExpiryRequeuesWithoutAnotherEvent,
+/// RevokedCrashExpiresOperation…, ExpiredOperationLeaseFencesWithoutClearingIdentity): the
+/// operation stays, unfenced, until its 30 s lease deadline, with no event to wake a
+/// reconciler; then a restarted replica fences it, keeping its identity, and it never runs
+/// twice.
+#[test]
+fn an_operation_whose_holder_crashed_is_fenced_at_its_lease_deadline_keeping_its_identity() {
+    let mut then = orphan_the_live_operation();
+    then.extend((0..3).map(|i| (1_000, Action::Restart(i))));
+    then.push((20_000, Action::Snapshot));
+    then.push((33_000, Action::Snapshot));
+    let script = [at(1_000, Action::WhenOperationLive(then))];
+    for report in passes_for(Scenario::Smoke, 1..=2, 64, &script) {
+        let lines = lines(&report);
+        let (live_ms, id, name) = live_operation(&lines);
+        let before = snapshot_of(&lines, live_ms + 20_000, &name);
+        assert!(
+            before.contains(&format!("fence=Healthy op={id} ")),
+            "not kept, unfenced, until its deadline: {before}"
+        );
+        let after = snapshot_of(&lines, live_ms + 33_000, &name);
+        assert!(
+            after.contains(&format!("fence=FenceUnknown op={id} ")),
+            "not fenced at its deadline, or its identity lost: {after}"
+        );
+    }
+}
+
+/// Claims expired under the replicas (every replica's clock steps 31 s forward, past the
+/// clients' 30 s claims): over mTLS, every file operation, command and renewal with a claim
+/// taken before the step is refused ABORTED, until a new claim is acquired for the binding
+/// (DurableRunAuthorizationOverMTLS, an expired lease over the wire).
+#[test]
+fn claims_expired_by_a_clock_step_are_refused_over_the_wire_until_a_new_claim() {
+    const STEP_MS: u64 = 3_000;
+    let script: Vec<Scripted> = (0..3)
+        .map(|i| at(STEP_MS, Action::ClockStep(i, 31_000)))
+        .collect();
+    for report in passes_for(Scenario::Smoke, 1..=2, 8, &script) {
+        let lines = lines(&report);
+        let mut reacquired = std::collections::BTreeSet::new();
+        let mut refused = 0;
+        for line in lines.iter().filter(|l| l.ms > STEP_MS) {
+            let Some((what, outcome)) = call(line) else {
+                continue;
+            };
+            let mut words = what.split_whitespace();
+            if what.starts_with("acquire ") && outcome == "ok" {
+                reacquired.extend(words.nth(1).map(str::to_owned));
+            } else if is_data_plane(what) {
+                let Some(binding) = words.find(|w| w.starts_with("binding-")) else {
+                    continue;
+                };
+                if !reacquired.contains(binding) {
+                    assert_eq!(outcome, "Aborted", "{} {what}", line.ms);
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 0, "no call used an expired claim");
+    }
+}
+
+/// Replicas reload the security directory every 2 s; a change is in force everywhere this
+/// long after it is written.
+const RELOADED_MS: u64 = 2_600;
+
+/// Client calls that completed in `[from, to)`: (ms, what, outcome).
+fn calls_between(lines: &[Line], from: u64, to: u64) -> Vec<(u64, String, String)> {
+    lines
+        .iter()
+        .filter(|l| l.ms >= from && l.ms < to)
+        .filter_map(|l| call(l).map(|(what, outcome)| (l.ms, what.to_owned(), outcome.to_owned())))
+        .collect()
+}
+
+/// Every template withdrawn from the client's policy at a higher generation while commands,
+/// claims and revocations are in flight (template change mid-dispatch, CancelsWhenPolicyAuthorityChanges,
+/// MatchingOwnerSeesActualState): once the replicas reloaded, ensure answers NOT_FOUND and no
+/// file operation or command succeeds, until the templates come back at the next generation;
+/// no operation runs twice and every environment converges.
+#[test]
+fn withdrawing_every_template_refuses_ensure_and_the_data_plane_until_reinstated() {
+    use sim::script::Change;
+    const WITHDRAW_MS: u64 = 1_500;
+    const REINSTATE_MS: u64 = 6_000;
+    let script = [
+        at(WITHDRAW_MS, Action::Security(Change::WithdrawTemplates)),
+        at(REINSTATE_MS, Action::Security(Change::Reinstate)),
+    ];
+    for report in passes_for(Scenario::RevocationRace, 1..=2, 10, &script) {
+        let lines = lines(&report);
+        let window = calls_between(&lines, WITHDRAW_MS + RELOADED_MS, REINSTATE_MS);
+        let mut refused = 0;
+        for (ms, what, outcome) in &window {
+            if what.starts_with("ensure ") {
+                assert_eq!(outcome, "NotFound", "{ms} {what}");
+                refused += 1;
+            } else if what.starts_with("file ") || what.starts_with("command ") {
+                assert_ne!(outcome, "ok", "{ms} {what}");
+                refused += 1;
+            }
+        }
+        assert!(
+            refused > 0,
+            "no ensure or data-plane call while withdrawn: {window:?}"
+        );
+    }
+}
+
+/// The client CA removed from the manifest at a higher generation (its certificate no longer
+/// verifies, as if it had expired: OriginalPeerWithdrawal, CA removal and certificate expiry):
+/// once the replicas reloaded, every client call is refused UNAUTHENTICATED, until the CA comes back at the next
+/// generation; nothing admitted before runs twice and every environment converges.
+#[test]
+fn distrusting_the_client_ca_refuses_every_call_until_the_ca_is_back() {
+    use sim::script::Change;
+    const DISTRUST_MS: u64 = 1_500;
+    const REINSTATE_MS: u64 = 5_000;
+    let script = [
+        at(DISTRUST_MS, Action::Security(Change::DistrustClientCa)),
+        at(REINSTATE_MS, Action::Security(Change::Reinstate)),
+    ];
+    for report in passes_for(Scenario::RevocationRace, 1..=2, 14, &script) {
+        let lines = lines(&report);
+        let window = calls_between(&lines, DISTRUST_MS + RELOADED_MS, REINSTATE_MS);
+        for (ms, what, outcome) in &window {
+            assert_eq!(outcome, "Unauthenticated", "{ms} {what}");
+        }
+        assert!(
+            window.len() > 2,
+            "too few calls while distrusted: {window:?}"
+        );
+        let after = calls_between(&lines, REINSTATE_MS + RELOADED_MS, u64::MAX);
+        assert!(
+            after.iter().any(|(_, _, outcome)| outcome == "ok"),
+            "nothing succeeded after the CA came back: {after:?}"
+        );
+    }
+}
+
+/// Revocation racing a crash (RevokedCrashExpiresOperation…, the policy form): while an
+/// operation is in flight, every replica crashes and every template is withdrawn from the
+/// client's policy, with the scenario's revocations and security rotations going on; the
+/// replicas come back, the templates come back 3 s later. The orphaned operation is fenced
+/// at its lease deadline keeping its identity, whatever revocations came in between, and
+/// nothing runs twice.
+#[test]
+fn a_policy_withdrawal_racing_a_crash_mid_operation_still_fences_it_at_its_deadline() {
+    use sim::script::Change;
+    let mut then = orphan_the_live_operation();
+    then.push((0, Action::Security(Change::WithdrawTemplates)));
+    then.extend((0..3).map(|i| (1_000, Action::Restart(i))));
+    then.push((3_000, Action::Security(Change::Reinstate)));
+    then.push((33_000, Action::Snapshot));
+    let script = [at(1_000, Action::WhenOperationLive(then))];
+    for report in passes_for(Scenario::RevocationRace, 1..=1, 64, &script) {
+        let lines = lines(&report);
+        let (live_ms, id, name) = live_operation(&lines);
+        let after = snapshot_of(&lines, live_ms + 33_000, &name);
+        assert!(
+            after.contains(&format!("fence=FenceUnknown op={id} ")),
+            "not fenced at its deadline, or its identity lost: {after}"
+        );
+    }
 }
