@@ -1,7 +1,9 @@
 //! A tower layer around the in-process API server that injects the API server's failures
 //! drawn from the seed: writes refused before they commit (409, 429, 500) and writes that
 //! commit but whose answer is lost (504). Reads and watches pass through; watch restarts
-//! come from compaction, applied by the world.
+//! come from compaction, applied by the world. Hand-driven races add an outage: every write
+//! whose path contains a given text is refused (503) until the outage ends, without touching
+//! the seed's draws.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -28,6 +30,30 @@ pub struct ApiRates {
     pub lose_answer: f64,
 }
 
+/// A scripted outage: while it names a text, every write whose path contains it is refused.
+#[derive(Debug, Clone, Default)]
+pub struct ApiOutage(Arc<Mutex<Option<String>>>);
+
+impl ApiOutage {
+    /// Refuses (503) every write whose path contains `path_part`, until [`ApiOutage::end`].
+    pub fn begin(&self, path_part: &str) {
+        *self.0.lock().expect("outage lock poisoned") = Some(path_part.to_owned());
+    }
+
+    /// Ends the outage.
+    pub fn end(&self) {
+        *self.0.lock().expect("outage lock poisoned") = None;
+    }
+
+    fn refuses(&self, path: &str) -> bool {
+        self.0
+            .lock()
+            .expect("outage lock poisoned")
+            .as_deref()
+            .is_some_and(|part| path.contains(part))
+    }
+}
+
 /// The API server with injected failures.
 #[derive(Clone)]
 pub struct FaultyApi {
@@ -36,6 +62,7 @@ pub struct FaultyApi {
     rates: Arc<Mutex<ApiRates>>,
     trace: Trace,
     writes: WriteLog,
+    outage: ApiOutage,
 }
 
 impl FaultyApi {
@@ -54,7 +81,13 @@ impl FaultyApi {
             rates,
             trace,
             writes,
+            outage: ApiOutage::default(),
         }
+    }
+
+    /// The handle that starts and ends this server's scripted outage.
+    pub fn outage(&self) -> ApiOutage {
+        self.outage.clone()
     }
 
     fn draw(&self, is_write: bool) -> (bool, bool, u16) {
@@ -110,10 +143,15 @@ impl tower::Service<Request<hyper::body::Incoming>> for FaultyApi {
         let method = request.method().to_string();
         let path = request.uri().path().to_owned();
         let what = format!("{method} {path}");
+        let outage = is_write && self.outage.refuses(&path);
         let mut inner = self.inner.clone();
         let trace = self.trace.clone();
         let writes = self.writes.clone();
         Box::pin(async move {
+            if outage {
+                trace.record("apiserver", format!("outage 503 {what}"));
+                return Ok(status(503, "ServiceUnavailable"));
+            }
             if refuse {
                 trace.record("apiserver", format!("refuse {code} {what}"));
                 return Ok(status(code, reason(code)));

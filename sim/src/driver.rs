@@ -47,6 +47,10 @@ pub(crate) struct Driver<'a> {
     /// Hand-driven actions still to apply, in time order.
     pub(crate) script: Vec<crate::script::Scripted>,
     pub(crate) last_rv: u64,
+    /// The executor (for the scripted command time).
+    pub(crate) executor: MemExecutor,
+    /// The API server's scripted outage.
+    pub(crate) outage: crate::apifaults::ApiOutage,
     pub(crate) host_error: Option<String>,
 }
 

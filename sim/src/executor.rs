@@ -52,6 +52,8 @@ pub struct MemExecutor {
     state: Arc<Mutex<State>>,
     faults: Arc<Mutex<(StdRng, f64)>>,
     latency: Duration,
+    /// How long a command runs before it ends (zero: at once; set by hand-driven races).
+    command_time: Arc<Mutex<Duration>>,
 }
 
 impl MemExecutor {
@@ -62,6 +64,7 @@ impl MemExecutor {
             state: Arc::default(),
             faults: Arc::new(Mutex::new((StdRng::seed_from_u64(seed), crash_rate))),
             latency,
+            command_time: Arc::default(),
         }
     }
 
@@ -88,6 +91,27 @@ impl MemExecutor {
         let mut faults = self.faults.lock().expect("fault lock poisoned");
         let rate = faults.1;
         rate > 0.0 && faults.0.random_bool(rate.min(1.0))
+    }
+
+    /// Makes every command started from now on run for `time` (in simulated time) before it
+    /// takes effect and ends; zero (the default) ends commands at once.
+    pub fn set_command_time(&self, time: Duration) {
+        *self
+            .command_time
+            .lock()
+            .expect("command time lock poisoned") = time;
+    }
+
+    /// How long the command in this raw request frame runs before it ends: `None` when it is
+    /// not a command or commands end at once (so the default adds no timer at all).
+    pub fn command_time(&self, frame: &[u8]) -> Option<Duration> {
+        let time = *self
+            .command_time
+            .lock()
+            .expect("command time lock poisoned");
+        let is_command = decode_strict::<ExecutorRequest>(frame)
+            .is_ok_and(|request| request.operation == Operation::CommandStart);
+        (is_command && !time.is_zero()).then_some(time)
     }
 
     /// How long the executor takes to answer.
@@ -250,6 +274,13 @@ impl ExecutorTransport for MemExecutor {
         Box::pin(async move {
             execution_provider::executor::transport::encode_request(&request)?;
             tokio::time::sleep(self.latency).await;
+            let time = *self
+                .command_time
+                .lock()
+                .expect("command time lock poisoned");
+            if request.operation == Operation::CommandStart && !time.is_zero() {
+                tokio::time::sleep(time).await;
+            }
             let envelope = self.apply(&target.environment, &request);
             if request.operation == Operation::CommandStart && self.crashes() {
                 return Err(TransportError::stream("executor crashed mid-command"));

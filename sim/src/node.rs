@@ -80,6 +80,9 @@ async fn answer(mut stream: turmoil::net::TcpStream, executor: &MemExecutor) -> 
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "environment is not UTF-8"))?;
     let frame = read_frame(&mut stream, MAX_REQUEST_FRAME).await?;
     tokio::time::sleep(executor.latency()).await;
+    if let Some(time) = executor.command_time(&frame) {
+        tokio::time::sleep(time).await;
+    }
     let Some(envelope) = executor.serve_frame(&environment, &frame) else {
         return Ok(());
     };
@@ -181,7 +184,8 @@ impl ExecutorTransport for HostedExecutor {
         request: ExecutorRequest,
         _cancel: CancelSignal,
     ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
-        // Commands finish at once on the node, so there is nothing for a cancel to stop.
+        // The call is not cancellable: a command runs on the node to its end (at once, or
+        // after a scripted command time) and the caller waits for it or for the deadline.
         Box::pin(async move {
             let frame = encode_request(&request)?;
             self.send_frame(&target.environment, &frame).await

@@ -39,8 +39,22 @@ pub enum Action {
     /// `activeOperation`, record it (`operation live ID on NAME`), then schedule each action
     /// this many milliseconds later. Steps at fixed times do not wait for it.
     WhenOperationLive(Vec<(u64, Action)>),
+    /// Like [`Action::WhenOperationLive`], for an `activeOperation` that is a command
+    /// (`command.start`); records `command live ID on NAME`.
+    WhenCommandLive(Vec<(u64, Action)>),
+    /// Every command started from now on runs this many simulated milliseconds before it
+    /// takes effect and ends (0: at once, the default).
+    CommandTime(u64),
+    /// Refuse (503) every API write whose path contains this text (e.g. the capacity
+    /// ledger's ConfigMap name), until [`Action::ApiRestore`].
+    ApiOutage(String),
+    /// End the API outage.
+    ApiRestore,
+    /// Like [`Action::WhenOperationLive`], for an environment that is Retired (condition
+    /// True) with no lifecycle operation; records `retired on NAME`.
+    WhenRetired(Vec<(u64, Action)>),
     /// Record every stored environment in the trace (`snapshot ...` lines, see
-    /// [`snapshot_line`]).
+    /// [`snapshot_line`]), then each capacity ledger entry (`snapshot ledger KEY=[NAMES]`).
     Snapshot,
 }
 
@@ -92,6 +106,22 @@ impl Driver<'_> {
                     stepper.fetch_add(step, Ordering::Relaxed);
                 }
                 Action::Security(change) => self.change_security(change, ms),
+                Action::CommandTime(time) => {
+                    self.executor.set_command_time(Duration::from_millis(time));
+                }
+                Action::ApiOutage(part) => self.outage.begin(&part),
+                Action::ApiRestore => self.outage.end(),
+                Action::WhenRetired(then) => {
+                    let seen = self.find_environment(|status| {
+                        let retired = status["conditions"]
+                            .as_array()?
+                            .iter()
+                            .any(|c| c["type"] == "Retired" && c["status"] == "True");
+                        (retired && status["lifecycleOperation"].is_null())
+                            .then(|| "retired".to_owned())
+                    });
+                    self.when(now, ms, seen, Action::WhenRetired(then));
+                }
                 Action::Snapshot => self.snapshot(ms),
                 Action::WhenOperationLive(then) => {
                     let seen = self.find_environment(|status| {
@@ -99,6 +129,15 @@ impl Driver<'_> {
                         Some(format!("operation live {id}"))
                     });
                     self.when(now, ms, seen, Action::WhenOperationLive(then));
+                }
+                Action::WhenCommandLive(then) => {
+                    let seen = self.find_environment(|status| {
+                        let operation = &status["activeOperation"];
+                        let id = operation["id"].as_str()?;
+                        (operation["operation"] == "command.start")
+                            .then(|| format!("command live {id}"))
+                    });
+                    self.when(now, ms, seen, Action::WhenCommandLive(then));
                 }
             }
         }
@@ -153,7 +192,12 @@ impl Driver<'_> {
     /// relative to now; otherwise look again at the next tick.
     fn when(&mut self, now: Duration, ms: u128, seen: Option<String>, waiting: Action) {
         let mut steps = match (seen, waiting) {
-            (Some(what), Action::WhenOperationLive(then)) => {
+            (
+                Some(what),
+                Action::WhenOperationLive(then)
+                | Action::WhenCommandLive(then)
+                | Action::WhenRetired(then),
+            ) => {
                 self.trace.record_at(ms, "script", what);
                 then.into_iter()
                     .map(|(after, action)| Scripted {
@@ -175,6 +219,16 @@ impl Driver<'_> {
         for environment in self.api.objects_of_kind("ExecutionEnvironment") {
             self.trace
                 .record_at(ms, "script", snapshot_line(&environment));
+        }
+        let ledger = self.api.objects_of_kind("ConfigMap").into_iter().find(|c| {
+            c["metadata"]["name"] == execution_provider::kube::crd::LEDGER_CONFIGMAP_NAME
+        });
+        if let Some(data) = ledger.as_ref().and_then(|c| c["data"].as_object()) {
+            for (key, names) in data {
+                let names = names.as_str().unwrap_or_default();
+                self.trace
+                    .record_at(ms, "script", format!("snapshot ledger {key}={names}"));
+            }
         }
     }
 }

@@ -218,6 +218,7 @@ pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         trace.clone(),
         writes.clone(),
     );
+    let outage = faulty.outage();
     add_api_host(&mut sim, &api, faulty, &material);
     add_nodes(&mut sim, &executor, EXECUTOR_NODES);
     let security = (plan.security_per_sec > 0.0).then(|| {
@@ -266,6 +267,8 @@ pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         },
         writes,
         last_rv: 0,
+        executor: executor.clone(),
+        outage,
         host_error: None,
     };
     driver.workload();

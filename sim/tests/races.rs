@@ -140,16 +140,22 @@ fn is_data_plane(what: &str) -> bool {
     what.starts_with("file ") || what.starts_with("command ") || what.starts_with("renew ")
 }
 
-/// The environment and operation id of the `operation live ID on NAME` line and its time.
-fn live_operation(lines: &[Line]) -> (u64, String, String) {
+/// The environment and operation id of the first `WHAT live ID on NAME` line and its time.
+fn live(lines: &[Line], what: &str) -> (u64, String, String) {
+    let prefix = format!("{what} live ");
     lines
         .iter()
         .find_map(|l| {
-            let rest = l.event.strip_prefix("operation live ")?;
+            let rest = l.event.strip_prefix(&prefix)?;
             let (id, name) = rest.split_once(" on ")?;
             Some((l.ms, id.to_owned(), name.to_owned()))
         })
-        .expect("the script saw a live operation")
+        .unwrap_or_else(|| panic!("the script saw no live {what}"))
+}
+
+/// [`live`] for `WhenOperationLive`.
+fn live_operation(lines: &[Line]) -> (u64, String, String) {
+    live(lines, "operation")
 }
 
 /// The snapshot line of environment `name` taken at `ms`.
@@ -349,4 +355,159 @@ fn a_policy_withdrawal_racing_a_crash_mid_operation_still_fences_it_at_its_deadl
             "not fenced at its deadline, or its identity lost: {after}"
         );
     }
+}
+
+/// How long the commands of a withdrawal-while-a-command-runs race run.
+const SLOW_COMMAND_MS: u64 = 3_500;
+
+/// Commands run 3.5 s; as soon as one is live, `change` is written (in force within 2.1 s,
+/// before the command ends) and reverted 2 s after the command ends. The completion write
+/// must find the caller's policy withdrawn: the caller is refused FAILED_PRECONDITION (the
+/// code of `fence_unknown`; the trace keeps no error details) and the environment is
+/// FenceUnknown with the same operation on record, instead of the result being acknowledged.
+fn a_change_landing_while_a_command_runs_fences_it(change: sim::script::Change) {
+    use sim::script::Change;
+    let then = vec![
+        (0, Action::Security(change)),
+        (1_000, Action::CommandTime(0)),
+        (SLOW_COMMAND_MS + 1_000, Action::Snapshot),
+        (SLOW_COMMAND_MS + 2_000, Action::Security(Change::Reinstate)),
+    ];
+    let script = [
+        at(1_000, Action::CommandTime(SLOW_COMMAND_MS)),
+        at(1_000, Action::WhenCommandLive(then)),
+    ];
+    for report in passes_for(Scenario::RevocationRace, 1..=2, 10, &script) {
+        let lines = lines(&report);
+        let (live_ms, id, name) = live(&lines, "command");
+        let after = snapshot_of(&lines, live_ms + SLOW_COMMAND_MS + 1_000, &name);
+        assert!(
+            after.contains(&format!("fence=FenceUnknown op={id} ")),
+            "not fenced, or its operation lost: {after}"
+        );
+        let window = calls_between(&lines, live_ms, live_ms + SLOW_COMMAND_MS + 1_000);
+        let fenced = window
+            .iter()
+            .filter(|(_, what, _)| what.starts_with("command "))
+            .filter(|(_, _, outcome)| outcome == "FailedPrecondition")
+            .count();
+        assert!(fenced > 0, "no command was refused as fenced: {window:?}");
+    }
+}
+
+/// Every template withdrawn from the caller's policy while its command runs
+/// (CancelsWhenPolicyAuthorityChanges, §8.2 `policyCurrent` at the completion write): the
+/// command's result is not acknowledged; fence_unknown, FenceUnknown, the operation kept.
+#[test]
+fn a_template_withdrawal_landing_while_a_command_runs_fences_it_keeping_its_operation() {
+    a_change_landing_while_a_command_runs_fences_it(sim::script::Change::WithdrawTemplates);
+}
+
+/// The client CA removed while a command runs (OriginalPeerWithdrawal: the caller's
+/// certificate no longer verifies, checked again at the completion write): fence_unknown,
+/// FenceUnknown, the operation kept.
+#[test]
+fn a_client_ca_removal_landing_while_a_command_runs_fences_it_keeping_its_operation() {
+    a_change_landing_while_a_command_runs_fences_it(sim::script::Change::DistrustClientCa);
+}
+
+/// The capacity ledger's ConfigMap, whose writes the outage race refuses.
+const LEDGER: &str = "mecatl-execution-profile-allocations";
+
+/// Whether the `snapshot ledger ...` lines at `ms` list environment `name`.
+fn in_ledger(lines: &[Line], ms: u64, name: &str) -> bool {
+    let quoted = format!("\"{name}\"");
+    lines
+        .iter()
+        .filter(|l| l.ms == ms && l.event.starts_with("snapshot ledger "))
+        .any(|l| l.event.contains(&quoted))
+}
+
+/// A capacity ledger outage while a retained deletion releases its slot
+/// (RetainedDeleteWaitsForSlotRelease, k8s-executor §2.8): once an environment is retired,
+/// every write of the ledger is refused (503) for 6 s while the lifecycle race goes on and
+/// retired environments are deleted. A deletion that reached ReleasingSlot does not complete
+/// while the ledger is unavailable (its environment is still stored, in ReleasingSlot, and
+/// still holds its slot); 6 s after the repair it has completed: the environment is gone
+/// with its slot, or (its binding ensured again) a new incarnation holds a slot of its own,
+/// so the old one's slot was released once; §10.21 on every version and the liveness phase
+/// (no orphaned PVC or Pod) judge the rest.
+#[test]
+fn a_ledger_outage_holds_a_retained_deletion_in_releasing_slot_until_repaired() {
+    const OUTAGE_MS: u64 = 6_000;
+    const SETTLED_MS: u64 = OUTAGE_MS + 6_000;
+    let then = vec![
+        (0, Action::ApiOutage(LEDGER.to_owned())),
+        (OUTAGE_MS - 100, Action::Snapshot),
+        (OUTAGE_MS, Action::ApiRestore),
+        (SETTLED_MS, Action::Snapshot),
+    ];
+    let script = [at(500, Action::WhenRetired(then))];
+    let mut held = 0;
+    for report in passes_for(Scenario::LifecycleRace, 1..=3, 32, &script) {
+        let lines = lines(&report);
+        let retired_ms = lines
+            .iter()
+            .find(|l| l.event.starts_with("retired on "))
+            .map(|l| l.ms)
+            .expect("the script saw a retired environment");
+        let refused = lines
+            .iter()
+            .filter(|l| l.event.starts_with("outage 503 ") && l.event.ends_with(LEDGER))
+            .count();
+        assert!(refused > 0, "no ledger write was refused");
+        let during = retired_ms + OUTAGE_MS - 100;
+        let stuck: Vec<String> = lines
+            .iter()
+            .filter(|l| l.ms == during)
+            .filter(|l| {
+                l.event
+                    .contains(" lifecycle=DeleteRetiredEnvironment/ReleasingSlot ")
+            })
+            .filter_map(|l| l.event.split_whitespace().nth(1).map(str::to_owned))
+            .collect();
+        let settled = retired_ms + SETTLED_MS;
+        for ms in [during, settled] {
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.ms == ms && l.event.starts_with("snapshot ledger ")),
+                "no snapshot of the ledger at {ms} ms (the workload ended before it?)"
+            );
+        }
+        for name in &stuck {
+            assert!(
+                in_ledger(&lines, during, name),
+                "{name} lost its slot while the ledger was unavailable"
+            );
+            let prefix = format!("snapshot {name} ");
+            match lines
+                .iter()
+                .find(|l| l.ms == settled && l.event.starts_with(&prefix))
+            {
+                None => assert!(
+                    !in_ledger(&lines, settled, name),
+                    "{name} was deleted but kept its slot"
+                ),
+                // Deleted, then ensured again by its binding: a new incarnation, which must
+                // hold its own slot (a second release of the old one would have taken it).
+                Some(line) => {
+                    assert!(
+                        !line.event.contains("lifecycle=DeleteRetiredEnvironment/"),
+                        "{name}'s deletion never completed after the repair: {}",
+                        line.event
+                    );
+                    assert!(
+                        in_ledger(&lines, settled, name),
+                        "{name} was created again without a slot (released twice?)"
+                    );
+                }
+            }
+        }
+        held += stuck.len();
+    }
+    assert!(
+        held > 0,
+        "no deletion reached ReleasingSlot during the outage"
+    );
 }
