@@ -252,26 +252,8 @@ async fn quota_refusals_are_retried_with_backoff_and_converge_without_another_ev
     })
     .await;
     let status = world.env().await.status.unwrap();
-    assert_eq!(
-        world
-            .pvcs()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        1
-    );
-    assert_eq!(
-        world
-            .pods()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        1
-    );
+    assert_eq!(world.pvc_count().await, 1);
+    assert_eq!(world.pod_count().await, 1);
     assert_eq!(
         status.pvc.unwrap().uid,
         world.pvc().await.unwrap().metadata.uid.unwrap()

@@ -23,26 +23,8 @@ async fn two_reconciles_create_a_tokenless_non_root_pod_and_a_retained_pvc() {
     let reconciler = world.reconciler(&templates, EXECUTOR_ACCOUNT);
     assert_eq!(reconciler.reconcile(ENV).await.unwrap(), Next::PodNotReady);
     assert_eq!(reconciler.reconcile(ENV).await.unwrap(), Next::PodNotReady);
-    assert_eq!(
-        world
-            .pvcs()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        1
-    );
-    assert_eq!(
-        world
-            .pods()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        1
-    );
+    assert_eq!(world.pvc_count().await, 1);
+    assert_eq!(world.pod_count().await, 1);
     let pvc = world.pvc().await.unwrap();
     assert!(pvc.metadata.owner_references.unwrap_or_default().is_empty());
     let pod = world.pod().await.unwrap();
@@ -455,26 +437,8 @@ async fn failed_provisioning_retries_with_backoff_and_converges_without_another_
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let pvc_uid = world.pvc().await.unwrap().metadata.uid;
-    assert_eq!(
-        world
-            .pvcs()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        1
-    );
-    assert_eq!(
-        world
-            .pods()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        1
-    );
+    assert_eq!(world.pvc_count().await, 1);
+    assert_eq!(world.pod_count().await, 1);
     assert_eq!(
         world.env().await.status.unwrap().pvc.unwrap().uid,
         pvc_uid.clone().unwrap()

@@ -207,6 +207,26 @@ impl World {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
+    /// How many executor Pods the namespace holds.
+    pub async fn pod_count(&self) -> usize {
+        self.pods()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .len()
+    }
+
+    /// How many PVCs the namespace holds.
+    pub async fn pvc_count(&self) -> usize {
+        self.pvcs()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .len()
+    }
+
     /// Creates [`ENV`] on the default revision of `templates`, as the store does (finalizer,
     /// then status schema 2, epoch 1), reserved in the ledger.
     pub async fn create_env(&self, templates: &TemplateRegistry) -> ExecutionEnvironment {
