@@ -68,6 +68,9 @@ pub struct SecurityManager {
     security: Security,
     ledger: AuthorityLedger,
     settings: SecuritySettings,
+    /// One reload at a time: a slower reload that read older files must not install them over
+    /// a later reload's (the interval and an operator-triggered reload can overlap).
+    reloading: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl SecurityManager {
@@ -79,6 +82,7 @@ impl SecurityManager {
             security,
             ledger,
             settings,
+            reloading: std::sync::Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -90,6 +94,7 @@ impl SecurityManager {
     /// Reloads once; on failure the authority is withdrawn (unless a newer one was
     /// installed meanwhile) and the cause returned.
     pub async fn reload(&self) -> Result<LedgerState, ReloadError> {
+        let _one_at_a_time = self.reloading.lock().await;
         let before = self.security.published();
         let result = self.try_reload().await;
         if result.is_err() {
