@@ -3,7 +3,8 @@
 //! commit but whose answer is lost (504). Reads and watches pass through; watch restarts
 //! come from compaction, applied by the world. Hand-driven races add an outage: every write
 //! whose path contains a given text is refused (503) until the outage ends, without touching
-//! the seed's draws.
+//! the seed's draws. A create refused because its name exists is traced (`exists 409 POST
+//! PATH`: the creator had read the object as absent).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,6 +19,7 @@ use http_body_util::{BodyExt, Full};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
+use crate::peer::Peer;
 use crate::trace::Trace;
 use crate::writes::{WriteLog, Written};
 
@@ -63,6 +65,7 @@ pub struct FaultyApi {
     trace: Trace,
     writes: WriteLog,
     outage: ApiOutage,
+    peer: Peer,
 }
 
 impl FaultyApi {
@@ -82,7 +85,13 @@ impl FaultyApi {
             trace,
             writes,
             outage: ApiOutage::default(),
+            peer: Peer::default(),
         }
+    }
+
+    /// The handle that arms this server's foreign writer (hand-driven creator changes).
+    pub fn peer(&self) -> Peer {
+        self.peer.clone()
     }
 
     /// The handle that starts and ends this server's scripted outage.
@@ -147,6 +156,7 @@ impl tower::Service<Request<hyper::body::Incoming>> for FaultyApi {
         let mut inner = self.inner.clone();
         let trace = self.trace.clone();
         let writes = self.writes.clone();
+        let peer = (is_write && self.peer.armed()).then(|| self.peer.clone());
         Box::pin(async move {
             if outage {
                 trace.record("apiserver", format!("outage 503 {what}"));
@@ -156,7 +166,29 @@ impl tower::Service<Request<hyper::body::Incoming>> for FaultyApi {
                 trace.record("apiserver", format!("refuse {code} {what}"));
                 return Ok(status(code, reason(code)));
             }
-            let mut response = tower::Service::call(&mut inner, request).await?;
+            let mut response = match peer {
+                // A foreign writer waits for this write: read its body first.
+                Some(peer) => {
+                    let (parts, body) = request.into_parts();
+                    let Ok(body) = body.collect().await else {
+                        return Ok(status(400, "BadRequest"));
+                    };
+                    let bytes = body.to_bytes();
+                    let raced = peer.before_write(&inner, &path, &bytes, &trace).await;
+                    let request = Request::from_parts(parts, Full::new(bytes));
+                    let response = tower::Service::call(&mut inner, request).await?;
+                    if raced {
+                        let code = response.status().as_u16();
+                        trace.record("apiserver", format!("after the peer {code} {what}"));
+                    }
+                    response
+                }
+                None => tower::Service::call(&mut inner, request).await?,
+            };
+            if method == "POST" && response.status() == http::StatusCode::CONFLICT {
+                // A create that lost to an object of the same name (a stale absence).
+                trace.record("apiserver", format!("exists 409 {what}"));
+            }
             if is_write && response.status().is_success() {
                 let (parts, body) = response.into_parts();
                 let bytes = body.collect().await?.to_bytes();

@@ -64,13 +64,56 @@ fn why_not_ready(env: &serde_json::Value) -> String {
     }
 }
 
+/// Whether the environment's template revision is revoked (or gone) in `templates`.
+fn revoked(env: &serde_json::Value, templates: &TemplateRegistry) -> bool {
+    let spec = |field: &str| env["spec"][field].as_str().unwrap_or_default();
+    templates
+        .for_environment(
+            spec("templateID"),
+            spec("templateRevision"),
+            spec("templateDigest"),
+        )
+        .is_err()
+}
+
+/// A revoked environment not yet Ready=False/InvalidTemplate, or whose executor Pod is still
+/// running (not being deleted).
+fn revoked_unconverged(
+    env: &serde_json::Value,
+    name: &str,
+    pods: &[serde_json::Value],
+) -> Option<String> {
+    let ready = env["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
+    let invalid = ready.is_some_and(|c| c["status"] == "False" && c["reason"] == "InvalidTemplate");
+    if !invalid {
+        return Some(format!(
+            "revoked environment {name} not Ready=False/InvalidTemplate ({})",
+            why_not_ready(env)
+        ));
+    }
+    let running = pods.iter().any(|pod| {
+        pod["metadata"]["labels"][LABEL_ENVIRONMENT] == name
+            && pod["metadata"]["deletionTimestamp"].is_null()
+    });
+    running.then(|| format!("revoked environment {name}: its executor Pod is not stopped"))
+}
+
 /// What has not converged yet: environments that are neither Ready nor legitimately held
 /// (fenced, in a lifecycle operation, deleting, or created by an ensure whose answer was lost
 /// and that no client retried: the store keeps such a pending ensure, uninitialized, for the
 /// client's retry), and Pods or PVCs of missing environments. `ensured` names the
-/// environments some ensure was acknowledged for.
-pub fn unconverged(api: &ApiServer, ensured: &BTreeSet<String>) -> Vec<String> {
+/// environments some ensure was acknowledged for. An environment whose template revision is
+/// revoked in `templates` (the registry the replicas run) has converged when it is
+/// Ready=False/InvalidTemplate with its executor stopped (k8s-executor §2.3).
+pub fn unconverged(
+    api: &ApiServer,
+    ensured: &BTreeSet<String>,
+    templates: &TemplateRegistry,
+) -> Vec<String> {
     let envs = api.objects_of_kind("ExecutionEnvironment");
+    let pods = api.objects_of_kind("Pod");
     let mut names = BTreeSet::new();
     let mut pending = Vec::new();
     for env in &envs {
@@ -89,7 +132,9 @@ pub fn unconverged(api: &ApiServer, ensured: &BTreeSet<String>) -> Vec<String> {
             || condition_true(env, "Retired")
             || (env.pointer("/status/epoch").is_none_or(|e| e.is_null())
                 && !ensured.contains(&name));
-        if !held && !condition_true(env, "Ready") {
+        if !held && revoked(env, templates) {
+            pending.extend(revoked_unconverged(env, &name, &pods));
+        } else if !held && !condition_true(env, "Ready") {
             pending.push(format!(
                 "environment {name} not Ready ({})",
                 why_not_ready(env)

@@ -52,6 +52,12 @@ pub(crate) struct Driver<'a> {
     /// The API server's scripted outage.
     pub(crate) outage: crate::apifaults::ApiOutage,
     pub(crate) host_error: Option<String>,
+    /// The run's templates file, as the script's operator edits it.
+    pub(crate) templates: crate::operator::RunTemplates,
+    /// The kubelet's link to the API server, when the script holds it.
+    pub(crate) kubelet: Option<crate::operator::KubeletLink>,
+    /// The administrator's desk, for the script's lifecycle calls.
+    pub(crate) admin: crate::workload::AdminDesk,
 }
 
 /// Faults are considered every this many simulated milliseconds.
@@ -317,7 +323,8 @@ impl Driver<'_> {
                 return None;
             }
             let ensured = ensured.lock().expect("ensured lock").clone();
-            let pending = crate::cluster::unconverged(&self.api, &ensured);
+            let templates = self.templates.current();
+            let pending = crate::cluster::unconverged(&self.api, &ensured, &templates);
             if pending.is_empty() {
                 let ms = self.ms();
                 self.trace.record_at(ms, "world", "liveness: converged");

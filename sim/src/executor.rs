@@ -3,6 +3,12 @@
 //! side effect it performs (so the checker can prove "executed at most once") and, when the
 //! seed says so, crashes mid-command: the effect may have happened but no answer comes back,
 //! which the store must treat as an unknown outcome and fence.
+//!
+//! Commands end at once unless a hand-driven race sets a command time; a command that runs for
+//! a while can be cancelled (the caller's cancel signal in process, the caller closing its
+//! side of the connection on a node, as the helper reads EOF on stdin): it stops without its
+//! effect and answers `cancelled` (exit code -1), like the helper killing its process group.
+//! Such commands leave `started`, `ran` or `cancelled` lines in the trace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,6 +30,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::memfs::{MemFs, resolve};
+use crate::trace::Trace;
 
 pub use crate::memfs::WORKSPACE_ROOT;
 
@@ -44,7 +51,11 @@ struct State {
     effects: Vec<Effect>,
     commands_seen: BTreeSet<String>,
     duplicate_commands: Vec<String>,
+    cancelled: Vec<Effect>,
 }
+
+/// The trace actor of the executor called in process.
+const IN_PROCESS: &str = "executor";
 
 /// The in-memory executor shared by every replica (it stands for the executor Pods).
 #[derive(Clone)]
@@ -54,6 +65,8 @@ pub struct MemExecutor {
     latency: Duration,
     /// How long a command runs before it ends (zero: at once; set by hand-driven races).
     command_time: Arc<Mutex<Duration>>,
+    /// Where commands that run for a while are traced (set with the first command time).
+    trace: Arc<Mutex<Option<Trace>>>,
 }
 
 impl MemExecutor {
@@ -65,6 +78,7 @@ impl MemExecutor {
             faults: Arc::new(Mutex::new((StdRng::seed_from_u64(seed), crash_rate))),
             latency,
             command_time: Arc::default(),
+            trace: Arc::default(),
         }
     }
 
@@ -75,6 +89,12 @@ impl MemExecutor {
     /// Every side effect performed so far, in order.
     pub fn effects(&self) -> Vec<Effect> {
         self.lock().effects.clone()
+    }
+
+    /// The commands stopped by a cancel before their effect, in order (the subject is the
+    /// command id).
+    pub fn cancelled(&self) -> Vec<Effect> {
+        self.lock().cancelled.clone()
     }
 
     /// Command ids the executor was asked to run more than once.
@@ -102,16 +122,104 @@ impl MemExecutor {
             .expect("command time lock poisoned") = time;
     }
 
+    /// Traces the commands that run for a while (`started`, `ran`, `cancelled` lines) into
+    /// `trace` from now on.
+    pub fn trace_commands(&self, trace: Trace) {
+        *self.trace.lock().expect("trace lock poisoned") = Some(trace);
+    }
+
+    fn note(&self, actor: &str, event: &str, environment: &str, request: &ExecutorRequest) {
+        if let Some(trace) = self.trace.lock().expect("trace lock poisoned").as_ref() {
+            let id = &request.command_id;
+            trace.record(actor, format!("{event} command {id} on {environment}"));
+        }
+    }
+
     /// How long the command in this raw request frame runs before it ends: `None` when it is
-    /// not a command or commands end at once (so the default adds no timer at all).
+    /// not a valid command or commands end at once (so the default adds no timer at all).
     pub fn command_time(&self, frame: &[u8]) -> Option<Duration> {
+        let request = decode_strict::<ExecutorRequest>(frame).ok()?;
+        self.run_time(&request)
+    }
+
+    /// [`MemExecutor::command_time`] of a decoded request: an invalid command is refused at
+    /// once, as the helper does before it starts anything.
+    fn run_time(&self, request: &ExecutorRequest) -> Option<Duration> {
         let time = *self
             .command_time
             .lock()
             .expect("command time lock poisoned");
-        let is_command = decode_strict::<ExecutorRequest>(frame)
-            .is_ok_and(|request| request.operation == Operation::CommandStart);
-        (is_command && !time.is_zero()).then_some(time)
+        let runs = request.operation == Operation::CommandStart
+            && check_bounds(request).is_ok()
+            && validate_command(request).is_ok();
+        (runs && !time.is_zero()).then_some(time)
+    }
+
+    /// Runs the command in this raw request frame on behalf of `actor` (a node host), which
+    /// calls it when the command's time is up: like [`MemExecutor::serve_frame`], traced.
+    pub fn finish_frame(
+        &self,
+        actor: &str,
+        environment: &str,
+        frame: &[u8],
+    ) -> Option<ExecutorEnvelope> {
+        if let Ok(request) = decode_strict::<ExecutorRequest>(frame) {
+            self.note(actor, "ran", environment, &request);
+        }
+        self.serve_frame(environment, frame)
+    }
+
+    /// Notes that `actor` started the command in this raw request frame (one that runs for a
+    /// while: see [`MemExecutor::command_time`]).
+    pub fn start_frame(&self, actor: &str, environment: &str, frame: &[u8]) {
+        if let Ok(request) = decode_strict::<ExecutorRequest>(frame) {
+            self.note(actor, "started", environment, &request);
+        }
+    }
+
+    /// Stops the running command of this raw request frame because its caller cancelled:
+    /// no effect, the answer `cancelled`. The frame is one [`MemExecutor::command_time`]
+    /// gave a time for.
+    pub fn cancel_frame(&self, actor: &str, environment: &str, frame: &[u8]) -> ExecutorEnvelope {
+        match decode_strict::<ExecutorRequest>(frame) {
+            Ok(request) => self.cancel(actor, environment, &request),
+            Err(_) => self.apply_frame(environment, frame),
+        }
+    }
+
+    /// Stops a running command: the id counts as run (a second start is a duplicate, since a
+    /// real command may have done part of its work), nothing else changes, and the answer is
+    /// `cancelled` with exit code -1 and no output, as the helper reports a killed command.
+    fn cancel(
+        &self,
+        actor: &str,
+        environment: &str,
+        request: &ExecutorRequest,
+    ) -> ExecutorEnvelope {
+        self.note(actor, "cancelled", environment, request);
+        let mut state = self.lock();
+        if !state.commands_seen.insert(request.command_id.clone()) {
+            state.duplicate_commands.push(request.command_id.clone());
+        }
+        state.cancelled.push(Effect {
+            environment: environment.to_owned(),
+            operation: request.operation.as_str().to_owned(),
+            subject: request.command_id.clone(),
+        });
+        let id = &request.command_id;
+        ExecutorEnvelope::response(ExecutorResponse {
+            command: Some(CommandStatus {
+                command_id: id.clone(),
+                state: CommandState::Cancelled,
+                exit_code: -1,
+                terminal_receipt: terminal_receipt(id, b"", b""),
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                next_offset: 0,
+                truncated: false,
+            }),
+            ..ExecutorResponse::default()
+        })
     }
 
     /// How long the executor takes to answer.
@@ -269,19 +377,27 @@ impl ExecutorTransport for MemExecutor {
         &'a self,
         target: &'a ExecutorTarget,
         request: ExecutorRequest,
-        _cancel: CancelSignal,
+        cancel: CancelSignal,
     ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
+        // Firing `cancel` stops a command that runs for a while (the helper's stdin closing);
+        // one that ends at once has ended before anyone could cancel it.
         Box::pin(async move {
             execution_provider::executor::transport::encode_request(&request)?;
             tokio::time::sleep(self.latency).await;
-            let time = *self
-                .command_time
-                .lock()
-                .expect("command time lock poisoned");
-            if request.operation == Operation::CommandStart && !time.is_zero() {
-                tokio::time::sleep(time).await;
+            let environment = &target.environment;
+            if let Some(time) = self.run_time(&request) {
+                self.note(IN_PROCESS, "started", environment, &request);
+                tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => {
+                        return Ok(self.cancel(IN_PROCESS, environment, &request));
+                    }
+                    () = tokio::time::sleep(time) => {
+                        self.note(IN_PROCESS, "ran", environment, &request);
+                    }
+                }
             }
-            let envelope = self.apply(&target.environment, &request);
+            let envelope = self.apply(environment, &request);
             if request.operation == Operation::CommandStart && self.crashes() {
                 return Err(TransportError::stream("executor crashed mid-command"));
             }

@@ -107,7 +107,9 @@ where
                 let mut service = service.clone();
                 async move { tower::Service::call(&mut service, request).await }
             });
+            // No `date` header: it is the only OS time in the API server's answers.
             let _ = hyper::server::conn::http1::Builder::new()
+                .auto_date_header(false)
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades()
                 .await;

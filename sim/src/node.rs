@@ -11,12 +11,21 @@
 //! closes the connection without an answer. The node's workspaces live outside the host (in
 //! the shared [`MemExecutor`] state), so they survive a crash as a disk would; calls in flight
 //! die with the process.
+//!
+//! Cancellation is the production one (`pods/exec` holding the helper's stdin open for
+//! `command.start`): after its two frames the caller of a command keeps its sending side open,
+//! and closes it (a TCP half-close) when its cancel signal fires, then still waits for the
+//! answer. While a command runs for a while, the node treats any further byte, end of stream
+//! or error on the connection as the cancel, as the helper does with stdin: the command stops
+//! without its effect and the answer says `cancelled`. An abandoned call (its connection
+//! dropped) stops the command the same way. The caller's deadline is the production shape:
+//! a file operation gets [`CALL_DEADLINE`], a command its own timeout plus [`COMMAND_GRACE`].
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use execution_provider::executor::protocol::MAX_JSON_BODY;
+use execution_provider::executor::protocol::{MAX_JSON_BODY, Operation, command_timeout};
 use execution_provider::executor::transport::{decode_envelope, encode_request};
 use execution_provider::executor::{
     BoxFuture, CancelSignal, ExecutorEnvelope, ExecutorRequest, ExecutorTarget, ExecutorTransport,
@@ -35,9 +44,13 @@ const MAX_ENVIRONMENT_FRAME: usize = 1024;
 const MAX_REQUEST_FRAME: usize = 2 * MAX_JSON_BODY;
 /// The longest answer a caller reads (file contents and command output are base64 in JSON).
 const MAX_ANSWER_FRAME: usize = 4 * MAX_JSON_BODY;
-/// How long a call may take before the caller gives up (the simulator's commands finish at
-/// once, so one deadline stands for the production file deadline and command grace).
+/// How long a file operation may take before the caller gives up (production gives it 2
+/// minutes; the simulator's file operations take only the network's time).
 pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
+/// What the caller adds to a command's own timeout before it gives up (production adds a
+/// minute for the helper's cleanup and answer; the simulator's node answers a cancel or a
+/// finished command at once, so a short grace keeps a call lost to a node fault short).
+pub const COMMAND_GRACE: Duration = Duration::from_secs(3);
 
 /// The turmoil host name of executor node `i`.
 pub fn node_host(i: u32) -> String {
@@ -53,37 +66,60 @@ pub fn add_nodes(sim: &mut turmoil::Sim<'_>, executor: &MemExecutor, count: u32)
             async move {
                 let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), NODE_PORT);
                 let listener = turmoil::net::TcpListener::bind(addr).await?;
-                serve(listener, executor).await?;
+                serve(listener, executor, node_host(i)).await?;
                 Ok(())
             }
         });
     }
 }
 
-/// Answers every connection `listener` accepts with `executor`, until the host stops.
-pub async fn serve(listener: turmoil::net::TcpListener, executor: MemExecutor) -> io::Result<()> {
+/// Answers every connection `listener` accepts with `executor`, as host `node` (its name in
+/// the trace), until the host stops.
+pub async fn serve(
+    listener: turmoil::net::TcpListener,
+    executor: MemExecutor,
+    node: String,
+) -> io::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let executor = executor.clone();
+        let node = node.clone();
         tokio::spawn(async move {
             // A broken connection is the caller's problem: it sees no answer.
-            let _ = answer(stream, &executor).await;
+            let _ = answer(stream, &executor, &node).await;
         });
     }
 }
 
 /// Reads one call from `stream`, runs it and writes the answer (or, on a crash mid-command,
 /// closes without one).
-async fn answer(mut stream: turmoil::net::TcpStream, executor: &MemExecutor) -> io::Result<()> {
+async fn answer(
+    mut stream: turmoil::net::TcpStream,
+    executor: &MemExecutor,
+    node: &str,
+) -> io::Result<()> {
     let environment = read_frame(&mut stream, MAX_ENVIRONMENT_FRAME).await?;
     let environment = String::from_utf8(environment)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "environment is not UTF-8"))?;
     let frame = read_frame(&mut stream, MAX_REQUEST_FRAME).await?;
     tokio::time::sleep(executor.latency()).await;
-    if let Some(time) = executor.command_time(&frame) {
-        tokio::time::sleep(time).await;
-    }
-    let Some(envelope) = executor.serve_frame(&environment, &frame) else {
+    let envelope = match executor.command_time(&frame) {
+        None => executor.serve_frame(&environment, &frame),
+        Some(time) => {
+            executor.start_frame(node, &environment, &frame);
+            let mut byte = [0_u8; 1];
+            tokio::select! {
+                biased;
+                // Any byte, end of stream or error after the request: the caller cancelled
+                // (or gave up and dropped the connection).
+                _ = stream.read(&mut byte) => {
+                    Some(executor.cancel_frame(node, &environment, &frame))
+                }
+                () = tokio::time::sleep(time) => executor.finish_frame(node, &environment, &frame),
+            }
+        }
+    };
+    let Some(envelope) = envelope else {
         return Ok(());
     };
     let bytes = serde_json::to_vec(&envelope).expect("an envelope always encodes as JSON");
@@ -119,7 +155,8 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, bytes: &[u8]) ->
 #[derive(Debug, Clone)]
 pub struct HostedExecutor {
     nodes: u32,
-    deadline: Duration,
+    file_deadline: Duration,
+    command_grace: Duration,
 }
 
 impl HostedExecutor {
@@ -128,7 +165,18 @@ impl HostedExecutor {
         assert!(nodes > 0, "a hosted executor needs at least one node");
         Self {
             nodes,
-            deadline: CALL_DEADLINE,
+            file_deadline: CALL_DEADLINE,
+            command_grace: COMMAND_GRACE,
+        }
+    }
+
+    /// How long the caller waits for `request`: a command's own timeout (the helper's bound
+    /// when it names none) plus the grace, or the file deadline.
+    pub fn deadline(&self, request: &ExecutorRequest) -> Duration {
+        if request.operation == Operation::CommandStart {
+            command_timeout(request.timeout_ms) + self.command_grace
+        } else {
+            self.file_deadline
         }
     }
 
@@ -141,15 +189,29 @@ impl HostedExecutor {
         node_host((hash % u64::from(self.nodes)) as u32)
     }
 
-    /// Sends one raw request frame for `environment` and decodes the answer, within the
-    /// deadline. Any network failure is an uncontrolled stream failure.
+    /// Sends one raw request frame for `environment` and decodes the answer, within the file
+    /// deadline and never cancelled. Any network failure is an uncontrolled stream failure.
     pub async fn send_frame(
         &self,
         environment: &str,
         frame: &[u8],
     ) -> Result<ExecutorEnvelope, TransportError> {
+        let never = CancelSignal::never();
+        self.send(environment, frame, self.file_deadline, never)
+            .await
+    }
+
+    /// Sends one frame within `deadline`; `cancel` closes the sending side (the node's cancel
+    /// signal) and the call still waits for the answer.
+    async fn send(
+        &self,
+        environment: &str,
+        frame: &[u8],
+        deadline: Duration,
+        cancel: CancelSignal,
+    ) -> Result<ExecutorEnvelope, TransportError> {
         let node = self.node_for(environment);
-        tokio::time::timeout(self.deadline, call(&node, environment, frame))
+        tokio::time::timeout(deadline, call(&node, environment, frame, cancel))
             .await
             .map_err(|_| TransportError::stream("executor deadline exceeded"))?
     }
@@ -159,6 +221,7 @@ async fn call(
     node: &str,
     environment: &str,
     frame: &[u8],
+    cancel: CancelSignal,
 ) -> Result<ExecutorEnvelope, TransportError> {
     let failed = |what: &str, e: io::Error| TransportError::stream(format!("{what} {node}: {e}"));
     let mut stream = turmoil::net::TcpStream::connect((node, NODE_PORT))
@@ -171,9 +234,24 @@ async fn call(
         .await
         .map_err(|e| failed("sending to", e))?;
     stream.flush().await.map_err(|e| failed("sending to", e))?;
-    let answer = read_frame(&mut stream, MAX_ANSWER_FRAME)
-        .await
-        .map_err(|e| failed("no answer from", e))?;
+    let (mut reader, mut writer) = stream.into_split();
+    // The sending side stays open (the helper's stdin held) until the cancel fires; it
+    // closes with the call otherwise.
+    let holding = async move {
+        cancel.cancelled().await;
+        let _ = writer.shutdown().await;
+    };
+    let reading = read_frame(&mut reader, MAX_ANSWER_FRAME);
+    tokio::pin!(holding, reading);
+    let mut held = true;
+    let answer = loop {
+        tokio::select! {
+            biased;
+            answer = &mut reading => break answer,
+            () = &mut holding, if held => held = false,
+        }
+    };
+    let answer = answer.map_err(|e| failed("no answer from", e))?;
     decode_envelope(&answer)
 }
 
@@ -182,13 +260,20 @@ impl ExecutorTransport for HostedExecutor {
         &'a self,
         target: &'a ExecutorTarget,
         request: ExecutorRequest,
-        _cancel: CancelSignal,
+        cancel: CancelSignal,
     ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
-        // The call is not cancellable: a command runs on the node to its end (at once, or
-        // after a scripted command time) and the caller waits for it or for the deadline.
+        // Only a command is cancellable (a file operation closes stdin after the request in
+        // production too, and the helper ignores it).
         Box::pin(async move {
             let frame = encode_request(&request)?;
-            self.send_frame(&target.environment, &frame).await
+            let deadline = self.deadline(&request);
+            let cancel = if request.operation == Operation::CommandStart {
+                cancel
+            } else {
+                CancelSignal::never()
+            };
+            self.send(&target.environment, &frame, deadline, cancel)
+                .await
         })
     }
 }

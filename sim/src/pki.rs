@@ -26,8 +26,10 @@ pub struct SimPki {
     pub ca: Pem,
     /// The replicas' server certificate (`localhost`).
     pub server: Pem,
-    /// The admitted client.
+    /// The admitted client (the first platform).
     pub client: Pem,
+    /// A second admitted client (another platform), with its own URI SAN.
+    pub partner: Pem,
     /// A client the manifest does not admit.
     pub stranger: Pem,
 }
@@ -62,8 +64,9 @@ fn leaf(
 }
 
 impl SimPki {
-    /// The PKI (the same bytes every time). `client_uri` is the admitted client's URI SAN.
-    pub fn new(client_uri: &str) -> Self {
+    /// The PKI (the same bytes every time). `client_uri` and `partner_uri` are the URI SANs
+    /// of the two admitted clients.
+    pub fn new(client_uri: &str, partner_uri: &str) -> Self {
         let ca_key = key(1);
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("empty SAN list");
         params.serial_number = Some(SerialNumber::from(1u64));
@@ -97,6 +100,13 @@ impl SimPki {
                 3,
                 "sim client",
                 uri(client_uri),
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ),
+            partner: leaf(
+                &issuer,
+                5,
+                "sim partner client",
+                uri(partner_uri),
                 ExtendedKeyUsagePurpose::ClientAuth,
             ),
             stranger: leaf(

@@ -21,6 +21,7 @@ use execution_provider::security::{self, Security};
 use crate::authority::SecurityFiles;
 use crate::clock::SkewedClock;
 use crate::net::{SimNet, kube_client};
+use crate::operator::RunTemplates;
 use crate::trace::Trace;
 use crate::world::{API_HOST, API_PORT, GRPC_PORT, Material, NAMESPACE, replica_host};
 
@@ -32,6 +33,9 @@ pub(crate) struct Replica {
     pub(crate) index: u32,
     pub(crate) clock: SkewedClock,
     pub(crate) material: Arc<Material>,
+    /// The run's templates file: each incarnation loads the registry from it when it starts,
+    /// as `serve` does, so a revocation written meanwhile is in force after a restart.
+    pub(crate) templates: RunTemplates,
     /// The shared in-memory executor, or the transport to the node hosts.
     pub(crate) executor: Arc<dyn ExecutorTransport>,
     pub(crate) seed: u64,
@@ -47,6 +51,7 @@ struct Parts {
     index: u32,
     clock: SkewedClock,
     material: Arc<Material>,
+    templates: RunTemplates,
     executor: Arc<dyn ExecutorTransport>,
     seed: u64,
     files: Option<Arc<Mutex<SecurityFiles>>>,
@@ -60,6 +65,7 @@ pub(crate) fn add_replica(sim: &mut turmoil::Sim<'_>, replica: Replica) {
             index: replica.index,
             clock: replica.clock.clone(),
             material: replica.material.clone(),
+            templates: replica.templates.clone(),
             executor: replica.executor.clone(),
             seed: replica.seed,
             files: replica.security.clone(),
@@ -103,6 +109,7 @@ async fn run_incarnation(parts: Parts, life: u64) -> Result<(), Exit> {
         index,
         clock,
         material,
+        templates,
         executor,
         seed,
         files,
@@ -136,7 +143,7 @@ async fn run_incarnation(parts: Parts, life: u64) -> Result<(), Exit> {
         runtime,
         kube,
         executor,
-        templates: material.templates.clone(),
+        templates: templates.current(),
         security,
     };
     let settings = Settings {

@@ -43,7 +43,9 @@ pub enum Action {
     /// (`command.start`); records `command live ID on NAME`.
     WhenCommandLive(Vec<(u64, Action)>),
     /// Every command started from now on runs this many simulated milliseconds before it
-    /// takes effect and ends (0: at once, the default).
+    /// takes effect and ends (0: at once, the default); a cancel stops it without its effect.
+    /// Such commands are traced by the executor (`started`, `ran`, `cancelled command ID on
+    /// NAME`).
     CommandTime(u64),
     /// Refuse (503) every API write whose path contains this text (e.g. the capacity
     /// ledger's ConfigMap name), until [`Action::ApiRestore`].
@@ -56,6 +58,34 @@ pub enum Action {
     /// Record every stored environment in the trace (`snapshot ...` lines, see
     /// [`snapshot_line`]), then each capacity ledger entry (`snapshot ledger KEY=[NAMES]`).
     Snapshot,
+    /// Revoke, in the run's templates file, the template revision of the environment the last
+    /// waiting step recorded (`... on NAME`), as an operator does; replicas load the file at
+    /// their next start (crash and restart them to roll them). Traced `revoked REVISION of
+    /// NAME`.
+    RevokeRevision,
+    /// Hold the kubelet's link to the API server: the node agent's requests wait, so a Pod
+    /// being stopped stays Terminating, not yet terminal (and a new Pod does not start),
+    /// until [`Action::KubeletRelease`].
+    KubeletHold,
+    /// Release the kubelet's link: its waiting requests go through.
+    KubeletRelease,
+    /// The administrator makes this lifecycle call on the environment the last waiting step
+    /// recorded, from the `admin` host (traced there: `CALL NAME eEPOCH -> OUTCOME [CODE]`).
+    Admin(crate::workload::AdminCall),
+    /// Record every executor Pod and workspace PVC (`snapshot pod NAME env=E uid=U
+    /// phase=P deleting=yes|no finalizers=N`, `snapshot pvc NAME env=E uid=U
+    /// deleting=yes|no`).
+    SnapshotRuntime,
+    /// A client call at a fixed time (a top-level step only, never inside a waiting step):
+    /// the scripted host it names presents its platform's client identity to the replica it
+    /// names (see `workload::scripted`; the world adds the host when it is built, so the call
+    /// leaves exactly at its time, not rounded to the tick).
+    Call(crate::workload::scripted::Call),
+    /// From this time on (a top-level step only), a foreign writer rewrites an environment's
+    /// creator just before the API server serves the first status write that carries the
+    /// change's marker (see `peer`; armed when the world is built; traced by the API server
+    /// host as `peer changed the creator ...`, then `after the peer CODE PUT PATH`).
+    CreatorChange(crate::peer::CreatorChange),
 }
 
 /// A security manifest change, written under the next generation.
@@ -108,6 +138,8 @@ impl Driver<'_> {
                 Action::Security(change) => self.change_security(change, ms),
                 Action::CommandTime(time) => {
                     self.executor.set_command_time(Duration::from_millis(time));
+                    // Commands that run for a while trace their start, end or cancel.
+                    self.executor.trace_commands(self.trace.clone());
                 }
                 Action::ApiOutage(part) => self.outage.begin(&part),
                 Action::ApiRestore => self.outage.end(),
@@ -123,6 +155,15 @@ impl Driver<'_> {
                     self.when(now, ms, seen, Action::WhenRetired(then));
                 }
                 Action::Snapshot => self.snapshot(ms),
+                action @ (Action::RevokeRevision
+                | Action::KubeletHold
+                | Action::KubeletRelease
+                | Action::Admin(_)
+                | Action::SnapshotRuntime) => self.operate(action, ms),
+                // The scripted host makes the call itself, at its exact time.
+                Action::Call(_) => {}
+                // Armed in the API server's fault layer when the world was built.
+                Action::CreatorChange(_) => {}
                 Action::WhenOperationLive(then) => {
                     let seen = self.find_environment(|status| {
                         let id = status["activeOperation"]["id"].as_str()?;

@@ -5,19 +5,17 @@
 //! invariants whenever the stored state changed, then heals and checks liveness.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use execution_provider::api::pb;
-use execution_provider::cli::state_dir::{DEV_CLIENT_URI, StateDir};
+use execution_provider::cli::state_dir::DEV_CLIENT_URI;
 use execution_provider::executor::ExecutorTransport;
 use execution_provider::kube::apiserver::ApiServer;
 use execution_provider::kube::node_agent::NodeAgent;
 use execution_provider::runtime::SeededIds;
-use execution_provider::runtime::tls::{self, Identity};
-use execution_provider::templates::{TemplateError, TemplateRegistry};
+use execution_provider::templates::TemplateRegistry;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -28,14 +26,15 @@ use crate::driver::Driver;
 use crate::executor::MemExecutor;
 use crate::faults::FaultPlan;
 use crate::invariants::Checker;
+pub(crate) use crate::material::{Material, shared_material};
 use crate::net::serve_http1;
 use crate::node::{HostedExecutor, add_nodes};
-use crate::pki::SimPki;
+use crate::operator::{KubeletLink, RunTemplates};
 use crate::replica::{Replica, add_replica};
 use crate::scenario::Scenario;
 use crate::script::Scripted;
 use crate::trace::Trace;
-use crate::workload::{self, ClientSpec, Record};
+use crate::workload::{self, AdminDesk, ClientSpec, Record};
 use crate::writes::WriteLog;
 
 /// The port replicas serve gRPC on.
@@ -49,6 +48,13 @@ pub const API_HOST: &str = "apiserver";
 /// The capacity limit (`maxEnvironments`) of the simulator's template: low, so that
 /// `capacity-race` reaches it.
 pub const CAPACITY: u32 = 8;
+/// The second template's id: every client may use it besides `default`.
+pub const SECOND_TEMPLATE: &str = "compact";
+/// The second template's capacity limit: lower than [`CAPACITY`], so that a ledger that
+/// mixed up the two templates' slots would break one of the limits.
+pub const SECOND_CAPACITY: u32 = 6;
+/// The URI SAN of the second admitted platform client.
+pub const PARTNER_CLIENT_URI: &str = "spiffe://sim.local/ns/partner/client";
 /// Simulated seconds the liveness phase may take.
 pub const LIVENESS_SECS: u64 = 60;
 /// The executor node hosts (`node-0..`) serving the in-memory executor over turmoil TCP, so
@@ -98,83 +104,6 @@ impl Report {
     }
 }
 
-/// Material every host of a run shares (built once, outside the simulation).
-pub(crate) struct Material {
-    pub(crate) state: StateDir,
-    _dir: tempfile::TempDir,
-    client: Identity,
-    stranger: Identity,
-    server_cas: Vec<rustls::pki_types::CertificateDer<'static>>,
-    pub(crate) templates: Arc<TemplateRegistry>,
-}
-
-fn read(path: PathBuf) -> Vec<u8> {
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn identity(pem: &crate::pki::Pem, what: &str) -> Identity {
-    Identity::from_pem(pem.cert.as_bytes(), pem.key.as_bytes(), what)
-        .unwrap_or_else(|e| panic!("the {what} identity: {e}"))
-}
-
-/// A dev state directory (manifest and templates as `dev` makes them) whose TLS files are
-/// replaced by the deterministic simulation PKI.
-fn material() -> Material {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let state = StateDir::open_or_init(&dir.path().join("state")).expect("a dev state directory");
-    let manifest = read(state.manifest_path());
-    let manifest: serde_json::Value = serde_json::from_slice(&manifest).expect("a JSON manifest");
-    let tls_file = |key: &str| {
-        let name = manifest
-            .pointer(&format!("/tls/{key}"))
-            .and_then(|v| v.as_str())
-            .unwrap_or_else(|| panic!("the manifest names its {key}"));
-        state.security_dir().join(name)
-    };
-    let pki = SimPki::new(DEV_CLIENT_URI);
-    let write = |path: PathBuf, text: &str| {
-        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    };
-    write(tls_file("certificateFile"), &pki.server.cert);
-    write(tls_file("privateKeyFile"), &pki.server.key);
-    write(tls_file("clientCAFile"), &pki.ca.cert);
-    let server_cas =
-        tls::certificates_from_pem(pki.ca.cert.as_bytes(), "sim CA").expect("the sim CA");
-    let fixture = String::from_utf8(read(state.templates_path())).expect("UTF-8 templates");
-    let limited = fixture.replace(
-        "maxEnvironments: 100",
-        &format!("maxEnvironments: {CAPACITY}"),
-    );
-    assert_ne!(
-        limited, fixture,
-        "the fixture template names its maxEnvironments"
-    );
-    // The revision id pins the execution definition, so the changed limit has its own.
-    let limited = match TemplateRegistry::from_yaml_str(&limited, "sim templates") {
-        Err(TemplateError::RevisionMismatch {
-            revision, expected, ..
-        }) => limited.replace(&revision, &expected),
-        _ => limited,
-    };
-    write(state.templates_path(), &limited);
-    let templates =
-        Arc::new(TemplateRegistry::load(state.templates_path()).expect("the templates"));
-    Material {
-        state,
-        _dir: dir,
-        client: identity(&pki.client, "sim client"),
-        stranger: identity(&pki.stranger, "stranger"),
-        server_cas,
-        templates,
-    }
-}
-
-/// The material of this process (built once: key generation is the slow part).
-fn shared_material() -> Arc<Material> {
-    static MATERIAL: std::sync::OnceLock<Arc<Material>> = std::sync::OnceLock::new();
-    MATERIAL.get_or_init(|| Arc::new(material())).clone()
-}
-
 /// Runs one seed of `config` and reports what the checker found.
 pub fn run(config: &Config) -> Report {
     run_scripted(config, &[])
@@ -219,7 +148,14 @@ pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         writes.clone(),
     );
     let outage = faulty.outage();
-    add_api_host(&mut sim, &api, faulty, &material);
+    for step in script {
+        if let crate::script::Action::CreatorChange(change) = &step.action {
+            faulty.peer().arm(step.at, change.clone());
+        }
+    }
+    let templates = RunTemplates::new(material.templates.clone(), &material.state.templates_path());
+    let kubelet = KubeletLink::for_script(script);
+    add_api_host(&mut sim, &api, faulty, &material, kubelet.as_ref());
     add_nodes(&mut sim, &executor, EXECUTOR_NODES);
     let security = (plan.security_per_sec > 0.0).then(|| {
         Arc::new(Mutex::new(SecurityFiles::copy(
@@ -236,14 +172,26 @@ pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         })
         .collect();
     let steppers = add_replicas(
-        &mut sim, clocks, config, &material, &executor, &security, &trace,
+        &mut sim, clocks, config, &material, &executor, &security, &trace, &templates,
     );
     let record = Record {
         trace: trace.clone(),
         ..Record::default()
     };
     let clients = add_clients(&mut sim, config, &plan, &material, &record, &api);
+    add_scripted_clients(&mut sim, script, &material, &record);
     let limits = capacity_limits(&material.templates);
+    let admin = AdminDesk::new(
+        [DEV_CLIENT_URI, PARTNER_CLIENT_URI]
+            .map(String::from)
+            .into_iter()
+            .zip(material.clients.iter().cloned())
+            .collect(),
+        material.server_cas.clone(),
+        api.clone(),
+        config.replicas,
+        record.clone(),
+    );
     let mut driver = Driver {
         sim,
         rng,
@@ -270,6 +218,9 @@ pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         executor: executor.clone(),
         outage,
         host_error: None,
+        templates,
+        kubelet,
+        admin,
     };
     driver.workload();
     driver.heal(&rates, &executor);
@@ -288,6 +239,7 @@ fn capacity_limits(templates: &TemplateRegistry) -> std::collections::BTreeMap<S
 
 /// Adds the replica hosts, each with its own clock (drawn skew and drift); returns the
 /// handles that step their clocks.
+#[allow(clippy::too_many_arguments)] // what every replica host shares, one argument each
 fn add_replicas(
     sim: &mut turmoil::Sim<'_>,
     clocks: Vec<SkewedClock>,
@@ -296,6 +248,7 @@ fn add_replicas(
     executor: &MemExecutor,
     security: &Option<Arc<Mutex<SecurityFiles>>>,
     trace: &Trace,
+    templates: &RunTemplates,
 ) -> Vec<Arc<AtomicI64>> {
     let mut steppers = Vec::new();
     for (i, clock) in (0..config.replicas).zip(clocks) {
@@ -309,6 +262,7 @@ fn add_replicas(
             index: i,
             clock,
             material: material.clone(),
+            templates: templates.clone(),
             executor,
             seed: config.seed,
             security: security.clone(),
@@ -360,8 +314,10 @@ fn add_api_host(
     api: &ApiServer,
     faulty: FaultyApi,
     material: &Arc<Material>,
+    kubelet: Option<&KubeletLink>,
 ) {
     let api = api.clone();
+    let kubelet = kubelet.cloned();
     let workspaces = material.state.workspaces_dir();
     let templates = material.templates.clone();
     sim.host(API_HOST, move || {
@@ -369,9 +325,11 @@ fn add_api_host(
         let faulty = faulty.clone();
         let workspaces = workspaces.clone();
         let templates = templates.clone();
+        let kubelet = kubelet.clone();
         async move {
             let kube = api.client(NAMESPACE);
             crate::cluster::seed(&kube, &templates).await?;
+            let kube = kubelet.map_or(kube, |link| link.client(&api, NAMESPACE));
             let agent = NodeAgent::new(kube, NAMESPACE, workspaces, Arc::new(SkewedClock::exact()));
             tokio::spawn(agent.run(std::future::pending::<()>()));
             let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), API_PORT);
@@ -380,6 +338,65 @@ fn add_api_host(
             Ok(())
         }
     });
+}
+
+/// The hosts of the script's client calls ([`crate::script::Action::Call`]), one per host
+/// name, each making its calls at their times. Calls nested in waiting steps are refused:
+/// their time is not known when the world is built.
+fn add_scripted_clients(
+    sim: &mut turmoil::Sim<'_>,
+    script: &[Scripted],
+    material: &Arc<Material>,
+    record: &Record,
+) {
+    use crate::script::Action;
+    use crate::workload::scripted;
+    let mut hosts: std::collections::BTreeMap<String, Vec<(Duration, scripted::Call)>> =
+        std::collections::BTreeMap::new();
+    for step in script {
+        match &step.action {
+            Action::Call(call) => hosts
+                .entry(call.host.clone())
+                .or_default()
+                .push((step.at, call.clone())),
+            Action::WhenOperationLive(then)
+            | Action::WhenCommandLive(then)
+            | Action::WhenRetired(then) => assert!(
+                !then
+                    .iter()
+                    .any(|(_, a)| matches!(a, Action::Call(_) | Action::CreatorChange(_))),
+                "a scripted client call or creator change must be a top-level step (at a fixed time)"
+            ),
+            _ => {}
+        }
+    }
+    for (host, calls) in hosts {
+        let desk = scripted::Desk {
+            identities: material.clients.clone(),
+            server_cas: material.server_cas.clone(),
+            record: record.clone(),
+        };
+        sim.client(host, scripted::run(desk, calls));
+    }
+}
+
+/// Which platform (admitted client identity) client host `c` belongs to: `client-1` is the
+/// second platform's, every other host the first's. So the first platform serves `alice`
+/// from two hosts (their ensures collide, their workers share claims), `bob` is served by
+/// both platforms when there are four hosts, and each platform's environments are the other
+/// one's strangers (§10.5 probes across clients).
+pub fn platform_of(c: usize) -> usize {
+    usize::from(c == 1)
+}
+
+/// How often a client's ensure names the other template than its binding's usual one. Not
+/// in `stale-epoch`: its workers share a single binding, whose claim races (what its canary
+/// needs) a template race would only starve; elsewhere one ensure in five.
+fn competing_template_rate(scenario: Scenario) -> f64 {
+    match scenario {
+        Scenario::StaleEpoch => 0.0,
+        _ => 0.2,
+    }
 }
 
 fn add_clients(
@@ -401,9 +418,11 @@ fn add_clients(
     let mut hosts = Vec::new();
     for c in 0..count {
         let host = format!("client-{c}");
+        let platform = platform_of(c);
         let spec = ClientSpec {
             host: host.clone(),
-            identity: material.client.clone(),
+            platform,
+            identity: material.clients[platform].clone(),
             stranger: material.stranger.clone(),
             server_cas: material.server_cas.clone(),
             owner: pb::Owner {
@@ -415,6 +434,7 @@ fn add_clients(
             seed: config.seed ^ (0xc1 << 8) ^ c as u64,
             replicas: config.replicas,
             mix: config.scenario.mix(),
+            competing_template_rate: competing_template_rate(config.scenario),
             stale_claim_rate: plan.stale_claim_rate,
             invalid_rate: plan.invalid_rate,
             api: api.clone(),

@@ -159,3 +159,145 @@ memory_cases!(bounds, bounds_over_the_node =>
     list_at_the_limit_is_accepted_and_over_it_refused,
     concurrent_replaces_with_the_same_version_have_exactly_one_winner,
 );
+
+/// Cancellation and deadlines of commands that run for a while (a hand-driven race's command
+/// time): the helper's cancel contract (`closing_stdin_cancels_a_running_command`, which needs
+/// real processes) in the in-memory model, in process and over the node.
+mod cancel {
+    use std::time::Duration;
+
+    use execution_provider::executor::protocol::{CommandState, ExecutorRequest};
+    use execution_provider::executor::{CancelHandle, CancelSignal, ExecutorTransport};
+    use sim::executor::MemExecutor;
+    use sim::node::{COMMAND_GRACE, HostedExecutor};
+
+    use super::{MemFixture, hosted_simulation};
+
+    const RUNS: Duration = Duration::from_secs(5);
+
+    fn slow(id: &str, timeout_ms: i64) -> ExecutorRequest {
+        let mut request = ExecutorRequest::command(id.to_owned(), "echo done".to_owned());
+        request.timeout_ms = timeout_ms;
+        request
+    }
+
+    fn cancelled_state(
+        envelope: execution_provider::executor::ExecutorEnvelope,
+    ) -> (CommandState, i32) {
+        let status = envelope
+            .into_outcome()
+            .expect("one outcome")
+            .expect("a command status")
+            .command
+            .expect("command");
+        (status.state, status.exit_code)
+    }
+
+    /// Runs `slow` with a cancel 1 s in, then waits past its time: the answer says
+    /// `cancelled` (-1) and the command never takes effect.
+    async fn cancel_one_second_in(transport: &dyn ExecutorTransport, executor: &MemExecutor) {
+        let fixture = MemFixture::new();
+        let (handle, signal) = CancelHandle::new();
+        let running = transport.execute(&fixture.target, slow("c-slow", 0), signal);
+        let cancelling = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            handle.cancel();
+        };
+        let started = tokio::time::Instant::now();
+        let (envelope, ()) = tokio::join!(running, cancelling);
+        let envelope = envelope.expect("an answer after the cancel");
+        assert_eq!(cancelled_state(envelope), (CommandState::Cancelled, -1));
+        assert!(
+            started.elapsed() < RUNS,
+            "the cancel did not stop the command"
+        );
+        tokio::time::sleep(RUNS * 2).await;
+        assert!(executor.effects().is_empty(), "{:?}", executor.effects());
+        let cancelled: Vec<String> = executor
+            .cancelled()
+            .into_iter()
+            .map(|e| e.subject)
+            .collect();
+        assert_eq!(cancelled, ["c-slow"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_command_stops_without_its_effect_and_answers_cancelled() {
+        let executor = MemExecutor::new(0, 0.0, Duration::ZERO);
+        executor.set_command_time(RUNS);
+        cancel_one_second_in(&executor, &executor).await;
+    }
+
+    #[test]
+    fn a_cancelled_command_over_the_node_stops_without_its_effect_and_answers_cancelled() {
+        let mut sim = hosted_simulation(|executor| async move {
+            executor.set_command_time(RUNS);
+            cancel_one_second_in(&HostedExecutor::new(1), &executor).await;
+        });
+        sim.run().expect("the case runs over the executor node");
+    }
+
+    #[test]
+    fn a_command_whose_call_is_abandoned_stops_on_the_node_without_its_effect() {
+        let mut sim = hosted_simulation(|executor| async move {
+            executor.set_command_time(RUNS);
+            let fixture = MemFixture::new();
+            let transport = HostedExecutor::new(1);
+            let call = transport.execute(&fixture.target, slow("c-gone", 0), CancelSignal::never());
+            let abandoned = tokio::time::timeout(Duration::from_secs(1), call).await;
+            assert!(abandoned.is_err(), "the command ended before its time");
+            tokio::time::sleep(RUNS * 2).await;
+            assert!(executor.effects().is_empty(), "{:?}", executor.effects());
+            assert_eq!(executor.cancelled().len(), 1, "the node did not stop it");
+        });
+        sim.run().expect("the case runs over the executor node");
+    }
+
+    #[test]
+    fn a_command_call_waits_for_the_commands_own_timeout_and_not_the_file_deadline() {
+        let mut sim = hosted_simulation(|executor| async move {
+            let fixture = MemFixture::new();
+            let transport = HostedExecutor::new(1);
+            executor.set_command_time(Duration::from_secs(14));
+            let envelope = transport
+                .execute(
+                    &fixture.target,
+                    slow("c-long", 15_000),
+                    CancelSignal::never(),
+                )
+                .await
+                .expect("a 14 s command within its 15 s timeout is answered");
+            assert_eq!(cancelled_state(envelope), (CommandState::Succeeded, 0));
+            let started = tokio::time::Instant::now();
+            let late = transport
+                .execute(
+                    &fixture.target,
+                    slow("c-late", 10_000),
+                    CancelSignal::never(),
+                )
+                .await
+                .expect_err("a 14 s command outlives its 10 s timeout and the grace");
+            assert!(late.is_uncontrolled(), "{late}");
+            let waited = started.elapsed();
+            let deadline = Duration::from_secs(10) + COMMAND_GRACE;
+            assert!(
+                waited >= deadline && waited < deadline + Duration::from_millis(100),
+                "{waited:?}"
+            );
+            let ran: Vec<String> = executor.effects().into_iter().map(|e| e.subject).collect();
+            assert_eq!(
+                ran,
+                ["c-long"],
+                "the late command took effect after its deadline"
+            );
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let ran: Vec<String> = executor.effects().into_iter().map(|e| e.subject).collect();
+            assert_eq!(
+                ran,
+                ["c-long"],
+                "the abandoned late command still took effect"
+            );
+        });
+        sim.run().expect("the case runs over the executor node");
+    }
+}

@@ -117,6 +117,30 @@ fn an_operation_admitted_under_an_old_generation_is_reported() {
     assert!(found.iter().any(|v| v.contains("§10.29")), "{found:?}");
 }
 
+#[test]
+fn a_fence_cleared_without_a_recovery_proof_is_reported() {
+    let op = json!({"id": "op-1", "operation": "file", "startedAt": T, "claimID": "c1", "runID": "run",
+                    "epoch": 2, "holderID": "h", "renewedAt": T, "expiresAt": T});
+    let running = with(
+        with(status(2, 1), "activeRun", run("c1", 2, 1)),
+        "activeOperation",
+        op,
+    );
+    let fenced = with(running.clone(), "fenceState", json!("FenceUnknown"));
+    let cleared = status(2, 1);
+    let found = violations(&[
+        env(1, running.clone()),
+        env(2, fenced.clone()),
+        env(3, cleared.clone()),
+    ]);
+    assert!(found.iter().any(|v| v.contains("§10.15")), "{found:?}");
+    let proof = json!({"operationID": "recover-1", "podUID": "pod-1", "pvcUID": "pvc-1", "epoch": 2,
+                       "podPhase": "Failed", "observedAt": T});
+    let recovered = with(cleared, "terminationProof", proof);
+    let found = violations(&[env(1, running), env(2, fenced), env(3, recovered)]);
+    assert!(found.is_empty(), "{found:?}");
+}
+
 fn lifecycle(kind: &str, phase: &str) -> Value {
     json!({"id": "life-1", "type": kind, "phase": phase, "expectedEpoch": 1,
            "expectedPodUID": "pod-1", "expectedPVCUID": "pvc-1", "createdAt": T})

@@ -62,6 +62,19 @@ pub(super) fn operation_ids(status: &ExecutionEnvironmentStatus) -> Vec<String> 
     ids
 }
 
+/// §10.15/§10.16: a fenced environment is left only by RecoverEnvironment, which writes a new
+/// termination proof for the current epoch in the same version that clears the operation and
+/// the run and makes it Healthy.
+fn recovered(before: &ExecutionEnvironmentStatus, after: &ExecutionEnvironmentStatus) -> bool {
+    let proof = after.termination_proof.as_ref();
+    proof.is_some()
+        && proof != before.termination_proof.as_ref()
+        && proof.map(|p| p.epoch) == after.epoch
+        && after.fence_state == Some(FenceState::Healthy)
+        && after.active_operation.is_none()
+        && after.active_run.is_none()
+}
+
 /// Checks one version against the previous one (`seen`, if the same incarnation was seen)
 /// and returns the violations; updates `seen`.
 pub(super) fn judge(
@@ -82,6 +95,7 @@ pub(super) fn judge(
         runtime_identities(name, &before, after, &mut found);
         if before.fence_state == Some(FenceState::FenceUnknown)
             && after.fence_state != Some(FenceState::FenceUnknown)
+            && !recovered(&before, after)
         {
             found.push(format!(
                 "§10.15 {name} left FenceUnknown without RecoverEnvironment"

@@ -1,6 +1,6 @@
 //! The run-claim actions of a client: acquire, renew (and replay the renewal, §10.12) and
-//! release, and the claim board that workers of one owner share (where stale claims come
-//! from).
+//! release, the claim board that workers of one platform and owner share (where stale claims
+//! come from), and the §10.5 probes with another platform's claims.
 
 use execution_provider::api::pb;
 use rand::RngExt;
@@ -32,7 +32,10 @@ impl Session {
     }
 
     pub(super) fn board_key(&self, binding: &str) -> String {
-        format!("{}/{binding}", self.spec.owner.subject)
+        format!(
+            "{}/{}/{binding}",
+            self.spec.platform, self.spec.owner.subject
+        )
     }
 
     pub(super) fn shared_claims(&self, binding: &str) -> Vec<pb::RunClaimResponse> {
@@ -163,5 +166,129 @@ impl Session {
             claim.epoch,
             outcome(&result)
         ));
+    }
+}
+
+impl Session {
+    /// §10.5 across clients: the newest claim of a random binding of another platform (its
+    /// environment, owner, binding, epoch, grant, run and claim ids), presented by this
+    /// client to read a file and to acquire a run, must be refused exactly like the same
+    /// requests naming an absent environment (code, message and details). Success is a
+    /// violation.
+    pub(super) async fn foreign_probe(&mut self) {
+        let mine = format!("{}/", self.spec.platform);
+        let foreign: Vec<(String, pb::RunClaimResponse)> = {
+            let board = self.record.claims.lock().expect("claims lock");
+            board
+                .iter()
+                .filter(|(key, _)| !key.starts_with(&mine))
+                .filter_map(|(key, claims)| Some((key.clone(), claims.last()?.clone())))
+                .collect()
+        };
+        if foreign.is_empty() {
+            return;
+        }
+        let (key, claim) = foreign[self.side_rng.random_range(0..foreign.len())].clone();
+        let mut parts = key.splitn(3, '/').skip(1);
+        let (Some(subject), Some(binding)) = (parts.next(), parts.next()) else {
+            return;
+        };
+        let owner = pb::Owner {
+            issuer: self.spec.owner.issuer.clone(),
+            subject: subject.to_owned(),
+        };
+        let mut context = self.context(binding, &claim);
+        context.owner = Some(owner.clone());
+        let read = pb::FileRequest {
+            context: Some(context),
+            operation: pb::FileOperation::Read as i32,
+            path: "f0.txt".to_owned(),
+            ..pb::FileRequest::default()
+        };
+        let mut absent_read = read.clone();
+        if let Some(context) = absent_read.context.as_mut() {
+            context.environment = Some(absent_environment());
+        }
+        let result = self.client().files(read).await.map(drop);
+        let probe = self.client().files(absent_read).await.map(drop);
+        self.judge_foreign(
+            "read a file with another platform's claim",
+            binding,
+            &result,
+            &probe,
+        );
+        let acquire = pb::AcquireRunRequest {
+            environment: claim.environment.clone(),
+            owner: Some(owner),
+            binding_id: binding.to_owned(),
+            operation_id: self.next_id("foreign-acquire"),
+            run_id: self.next_id("run"),
+            ttl_millis: 30_000,
+        };
+        let absent_acquire = pb::AcquireRunRequest {
+            environment: Some(absent_environment()),
+            operation_id: self.next_id("foreign-acquire"),
+            ..acquire.clone()
+        };
+        let result = self.client().acquire_run(acquire.clone()).await.map(drop);
+        self.note_refusal(&acquire.operation_id, &result);
+        let probe = self.client().acquire_run(absent_acquire).await.map(drop);
+        self.judge_foreign(
+            "acquire another platform's environment",
+            binding,
+            &result,
+            &probe,
+        );
+    }
+
+    /// Traces a cross-platform probe and records a violation when it succeeded or was
+    /// refused otherwise than its absent twin (answers the client cannot know prove nothing).
+    fn judge_foreign(
+        &self,
+        what: &str,
+        binding: &str,
+        result: &Result<(), tonic::Status>,
+        absent: &Result<(), tonic::Status>,
+    ) {
+        self.trace(format!("invalid: {what} {binding} -> {}", outcome(result)));
+        let unknown = |s: &tonic::Status| {
+            matches!(
+                s.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Cancelled
+                    | tonic::Code::Unknown
+            )
+        };
+        let leak = match (result, absent) {
+            (Ok(()), _) => Some("it succeeded".to_owned()),
+            (Err(r), Err(a)) if !unknown(r) && !unknown(a) => {
+                (r.code() != a.code() || r.message() != a.message() || r.details() != a.details())
+                    .then(|| {
+                        format!(
+                            "refused {:?} {:?}, unlike an absent environment ({:?} {:?})",
+                            r.code(),
+                            r.message(),
+                            a.code(),
+                            a.message()
+                        )
+                    })
+            }
+            _ => None,
+        };
+        if let Some(leak) = leak {
+            self.unexpected(format!(
+                "§10.5 {}: {what} {binding}: {leak}",
+                self.spec.host
+            ));
+        }
+    }
+}
+
+/// A well-formed reference to an environment that does not exist.
+fn absent_environment() -> pb::EnvironmentRef {
+    pb::EnvironmentRef {
+        id: format!("exec-{}", "0".repeat(40)),
+        revision: "0".repeat(32),
     }
 }

@@ -1,7 +1,8 @@
-//! Client hosts: each plays a platform client with one owner over a few bindings, issuing a
-//! seeded random sequence of valid and invalid calls to random replicas over mTLS. Every call
-//! goes into the trace (invoke, then ok / the gRPC code / unknown) and acknowledged data-plane
-//! calls go to the checker. RPCs answering UNIMPLEMENTED are recorded as skips.
+//! Client hosts: each plays a platform client (one of two admitted client identities) with one
+//! owner over a few bindings, issuing a seeded random sequence of valid and invalid calls to
+//! random replicas over mTLS, ensuring each binding with one of two templates. Every call goes
+//! into the trace (invoke, then ok / the gRPC code / unknown) and acknowledged data-plane calls
+//! go to the checker. RPCs answering UNIMPLEMENTED are recorded as skips.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -22,9 +23,17 @@ use crate::scenario::Mix;
 use crate::trace::Trace;
 
 mod admin;
+mod allocation;
 mod claims;
+mod desk;
+pub use desk::{ADMIN_HOST, AdminCall, AdminDesk};
+pub mod scripted;
 
 type Client = ExecutionProviderServiceClient<Channel>;
+
+/// How often a deliberately invalid request is followed by the §10.5 probes with another
+/// platform's claim.
+const FOREIGN_PROBE_RATE: f64 = 0.5;
 
 /// What every client host shares with the harness.
 #[derive(Clone, Default)]
@@ -45,8 +54,8 @@ pub struct Record {
     pub refused: Arc<Mutex<BTreeSet<String>>>,
     /// Environments whose DeleteRetiredEnvironment was acknowledged.
     pub deleted: Arc<Mutex<BTreeSet<String>>>,
-    /// Run claims by `owner/binding`, shared by every client host of that owner (workers
-    /// of one platform passing a claim around), oldest first.
+    /// Run claims by `platform/owner/binding`, shared by every client host of that platform
+    /// and owner (workers of one platform passing a claim around), oldest first.
     pub claims: Arc<Mutex<BTreeMap<String, Vec<pb::RunClaimResponse>>>>,
 }
 
@@ -68,7 +77,9 @@ impl Record {
 pub struct ClientSpec {
     /// The turmoil host name.
     pub host: String,
-    /// Its certificate.
+    /// Which platform it belongs to (the index of its admitted client identity).
+    pub platform: usize,
+    /// Its certificate (its platform's).
     pub identity: Identity,
     /// A certificate the provider does not admit.
     pub stranger: Identity,
@@ -90,6 +101,8 @@ pub struct ClientSpec {
     pub stale_claim_rate: f64,
     /// Chance of a deliberately invalid request.
     pub invalid_rate: f64,
+    /// Chance that an ensure names the other template than its binding's usual one.
+    pub competing_template_rate: f64,
     /// The API server, read the way an administrator reads an environment's status (for
     /// the exact identities lifecycle calls must name).
     pub api: execution_provider::kube::apiserver::ApiServer,
@@ -100,6 +113,8 @@ struct Binding {
     env: Option<pb::EnvironmentRef>,
     /// An ensure of this binding was tried and not confirmed (its answer may be lost).
     unconfirmed: bool,
+    /// The template of the last ensure tried (an unconfirmed one is retried with it).
+    template: Option<pb::TemplateSelector>,
     versions: BTreeMap<String, Vec<u8>>,
 }
 
@@ -107,7 +122,11 @@ struct Session {
     spec: ClientSpec,
     record: Record,
     rng: StdRng,
-    template: Option<pb::TemplateSelector>,
+    /// Draws added after the original workload (the template of an ensure, cross-platform
+    /// probes): a stream of their own, so that every other draw stays as it was.
+    side_rng: StdRng,
+    /// The templates (`default`, then the second one), once listed.
+    templates: Vec<pb::TemplateSelector>,
     bindings: BTreeMap<String, Binding>,
     counter: u64,
 }
@@ -121,6 +140,10 @@ fn channel(host: &str, identity: &Identity, cas: &[CertificateDer<'static>]) -> 
         .expect("a valid endpoint")
         .timeout(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(2))
+        // h2 remembers a stream it reset (a call that timed out) for a span of the *OS* clock
+        // and answers a late frame for it only once it has forgotten it: remembering none
+        // makes that answer independent of how fast the machine runs (see sim/README.md).
+        .http2_max_concurrent_reset_streams(0)
         .connect_with_connector_lazy(connector);
     ExecutionProviderServiceClient::new(channel)
 }
@@ -134,9 +157,10 @@ pub async fn run(spec: ClientSpec, record: Record) -> turmoil::Result {
         .collect();
     let mut session = Session {
         rng: StdRng::seed_from_u64(spec.seed),
+        side_rng: StdRng::seed_from_u64(spec.seed ^ 0x7e4a_91a7),
         spec,
         record,
-        template: None,
+        templates: Vec::new(),
         bindings,
         counter: 0,
     };
@@ -240,7 +264,11 @@ impl Session {
             self.spec.bindings[i].clone()
         };
         if self.rng.random_bool(self.spec.invalid_rate) {
-            return self.invalid(&binding).await;
+            self.invalid(&binding).await;
+            if self.side_rng.random_bool(FOREIGN_PROBE_RATE) {
+                self.foreign_probe().await;
+            }
+            return;
         }
         let mix = self.spec.mix;
         let weights = [
@@ -277,86 +305,6 @@ impl Session {
             6 => self.revoke(&binding).await,
             7 => self.lifecycle(&binding).await,
             _ => self.release_reference(&binding).await,
-        }
-    }
-
-    /// Before leaving, a platform retries the ensures it never got an answer for (a few
-    /// times): the store must finish a pending ensure whose create succeeded but whose answer
-    /// was lost.
-    async fn retry_unconfirmed_ensures(&mut self) {
-        const ATTEMPTS: u32 = 3;
-        for _ in 0..ATTEMPTS {
-            let unconfirmed: Vec<String> = self
-                .bindings
-                .iter()
-                .filter(|(_, b)| b.unconfirmed)
-                .map(|(name, _)| name.clone())
-                .collect();
-            if unconfirmed.is_empty() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            for binding in unconfirmed {
-                self.ensure(&binding).await;
-            }
-        }
-    }
-
-    async fn template(&mut self) -> Option<pb::TemplateSelector> {
-        if self.template.is_none() {
-            let result = self
-                .client()
-                .list_execution_templates(pb::ListExecutionTemplatesRequest {})
-                .await;
-            self.trace(format!("list-templates -> {}", outcome(&result)));
-            self.template = result
-                .ok()?
-                .into_inner()
-                .items
-                .into_iter()
-                .filter_map(|i| i.template)
-                .find(|t| t.id == "default");
-        }
-        self.template.clone()
-    }
-
-    async fn ensure(&mut self, binding: &str) {
-        let Some(template) = self.template().await else {
-            return;
-        };
-        let operation_id = format!("ensure-{}-{binding}", self.spec.owner.subject);
-        let request = pb::EnsureTemplateRequest {
-            binding_id: binding.to_owned(),
-            template: Some(template),
-            owner: Some(self.spec.owner.clone()),
-            operation_id: operation_id.clone(),
-        };
-        let result = self.client().ensure_template(request).await;
-        self.trace(format!("ensure {binding} -> {}", outcome(&result)));
-        let state = self.bindings.get_mut(binding).expect("known binding");
-        state.unconfirmed = result.is_err();
-        let Ok(response) = result else { return };
-        let env = response.into_inner().environment;
-        if let Some(env) = &env {
-            self.record
-                .ensured
-                .lock()
-                .expect("ensured lock")
-                .insert(env.id.clone());
-        }
-        let commit = pb::ReferenceMutationRequest {
-            environment: env.clone(),
-            owner: Some(self.spec.owner.clone()),
-            binding_id: binding.to_owned(),
-            operation_id,
-        };
-        let result = self.client().commit_reference(commit).await;
-        self.trace(format!(
-            "commit-reference {binding} -> {}",
-            outcome(&result)
-        ));
-        if result.is_ok() {
-            self.bindings.get_mut(binding).expect("known binding").env = env;
         }
     }
 

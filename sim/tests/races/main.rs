@@ -4,8 +4,12 @@
 //! live, on top of a scenario, judged by every invariant and the liveness phase, and each by
 //! the outcome its race must produce (refusal codes in the trace, the state in a snapshot).
 
+mod cancel;
 mod fencing;
+mod identity;
 mod ledger;
 mod network;
+mod revocation;
 mod security;
 mod support;
+mod templates;
