@@ -54,7 +54,7 @@ pub unsafe extern "C" fn getrandom(buf: *mut u8, len: usize, flags: u32) -> isiz
         return isize::try_from(len).unwrap_or(isize::MAX);
     }
     // SAFETY: forwards the caller's arguments, under the caller's guarantees, to the kernel.
-    let written = unsafe { syscall(SYS_GETRANDOM, buf, len, flags) };
+    let written = unsafe { syscall(SYS_GETRANDOM, buf, len, i64::from(flags)) };
     written as isize
 }
 

@@ -1,5 +1,5 @@
 //! What happens outside the provider under a script, as an operator and a node do it: the
-//! run's templates file, in which an operator revokes every revision and then rolls the
+//! run's in-memory copy of its templates file, in which an operator revokes every revision and then rolls the
 //! replicas (each replica loads the registry once per start, as `serve` does), and the
 //! kubelet's link to the API server, which a script can hold so that an executor Pod being
 //! stopped stays Terminating, not yet terminal, until the link is released.
@@ -42,7 +42,7 @@ impl RunTemplates {
         self.current.lock().expect("templates lock").1.clone()
     }
 
-    /// Rewrites the templates file with `revision` marked `revoked: true`, and no longer the
+    /// Rewrites the run's in-memory copy of the templates file with `revision` marked `revoked: true`, and no longer the
     /// default of its template (a revoked revision cannot be one), as an operator revokes
     /// it; its id stays (the revoked flag is not part of the definition the id pins).
     pub fn revoke(&self, revision: &str) {

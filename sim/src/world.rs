@@ -105,12 +105,12 @@ impl Report {
 }
 
 /// Runs one seed of `config` and reports what the checker found.
-pub fn run(config: &Config) -> Report {
+pub(crate) fn run(config: &Config) -> Report {
     run_scripted(config, &[])
 }
 
 /// [`run`] with hand-driven actions applied at fixed times on top of the drawn faults.
-pub fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
+pub(crate) fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let plan = FaultPlan::draw(config.seed, config.scenario);
     let material = shared_material();

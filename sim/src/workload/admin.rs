@@ -4,7 +4,7 @@
 use execution_provider::api::pb;
 use rand::RngExt;
 
-use super::{Session, now_ms, outcome};
+use super::{Session, absent_environment, now_ms, outcome, proves_nothing, same_refusal};
 use crate::invariants::Revoked;
 
 impl Session {
@@ -185,7 +185,8 @@ impl Session {
                 let request = self.acquire_request(env, binding, mallory(), 30_000);
                 let r = self.client().acquire_run(request.clone()).await.map(|_| ());
                 self.note_refusal(&request.operation_id, &r);
-                let absent = self.acquire_request(Some(absent()), binding, mallory(), 30_000);
+                let absent =
+                    self.acquire_request(Some(absent_environment()), binding, mallory(), 30_000);
                 let probe = self.client().acquire_run(absent).await.map(|_| ());
                 self.same_as_absent("acquire as another owner", &r, &probe);
                 ("acquire as another owner", r)
@@ -205,7 +206,7 @@ impl Session {
                 }
                 let r = self.client().files(request.clone()).await.map(|_| ());
                 if let Some(context) = request.context.as_mut() {
-                    context.environment = Some(absent());
+                    context.environment = Some(absent_environment());
                 }
                 let probe = self.client().files(request).await.map(|_| ());
                 self.same_as_absent("read a file as another owner", &r, &probe);
@@ -256,21 +257,10 @@ impl Session {
         let (Err(refusal), Err(absent)) = (result, probe) else {
             return;
         };
-        let unknown = |s: &tonic::Status| {
-            matches!(
-                s.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::Cancelled
-                    | tonic::Code::Unknown
-            )
-        };
-        if unknown(refusal) || unknown(absent) {
+        if proves_nothing(refusal) || proves_nothing(absent) {
             return;
         }
-        let same = refusal.code() == absent.code()
-            && refusal.message() == absent.message()
-            && refusal.details() == absent.details();
+        let same = same_refusal(refusal, absent);
         if !same {
             self.unexpected(format!(
                 "§10.5 {}: {what} was refused with {:?} {:?}, unlike an absent environment ({:?} {:?})",
@@ -289,13 +279,5 @@ fn mallory() -> pb::Owner {
     pb::Owner {
         issuer: "https://issuer.sim".into(),
         subject: "mallory".into(),
-    }
-}
-
-/// A well-formed reference to an environment that does not exist.
-fn absent() -> pb::EnvironmentRef {
-    pb::EnvironmentRef {
-        id: format!("exec-{}", "0".repeat(40)),
-        revision: "0".repeat(32),
     }
 }

@@ -5,7 +5,7 @@
 use execution_provider::api::pb;
 use rand::RngExt;
 
-use super::{Session, outcome};
+use super::{Session, absent_environment, outcome, proves_nothing, same_refusal};
 
 impl Session {
     pub(super) async fn acquire(&mut self, binding: &str) {
@@ -251,29 +251,18 @@ impl Session {
         absent: &Result<(), tonic::Status>,
     ) {
         self.trace(format!("invalid: {what} {binding} -> {}", outcome(result)));
-        let unknown = |s: &tonic::Status| {
-            matches!(
-                s.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::Cancelled
-                    | tonic::Code::Unknown
-            )
-        };
         let leak = match (result, absent) {
             (Ok(()), _) => Some("it succeeded".to_owned()),
-            (Err(r), Err(a)) if !unknown(r) && !unknown(a) => {
-                (r.code() != a.code() || r.message() != a.message() || r.details() != a.details())
-                    .then(|| {
-                        format!(
-                            "refused {:?} {:?}, unlike an absent environment ({:?} {:?})",
-                            r.code(),
-                            r.message(),
-                            a.code(),
-                            a.message()
-                        )
-                    })
-            }
+            (Err(r), Err(a)) if !proves_nothing(r) && !proves_nothing(a) => (!same_refusal(r, a))
+                .then(|| {
+                    format!(
+                        "refused {:?} {:?}, unlike an absent environment ({:?} {:?})",
+                        r.code(),
+                        r.message(),
+                        a.code(),
+                        a.message()
+                    )
+                }),
             _ => None,
         };
         if let Some(leak) = leak {
@@ -282,13 +271,5 @@ impl Session {
                 self.spec.host
             ));
         }
-    }
-}
-
-/// A well-formed reference to an environment that does not exist.
-fn absent_environment() -> pb::EnvironmentRef {
-    pb::EnvironmentRef {
-        id: format!("exec-{}", "0".repeat(40)),
-        revision: "0".repeat(32),
     }
 }

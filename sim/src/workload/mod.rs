@@ -123,7 +123,8 @@ struct Session {
     record: Record,
     rng: StdRng,
     /// Draws added after the original workload (the template of an ensure, cross-platform
-    /// probes): a stream of their own, so that every other draw stays as it was.
+    /// probes): decisions from a stream of their own (the calls they add still draw replicas
+    /// from `rng`).
     side_rng: StdRng,
     /// The templates (`default`, then the second one), once listed.
     templates: Vec<pb::TemplateSelector>,
@@ -211,6 +212,33 @@ fn outcome<T>(result: &Result<T, tonic::Status>) -> String {
             code => format!("{code:?}"),
         },
     }
+}
+
+/// A well-formed reference to an environment that does not exist (the twin of a §10.5 probe).
+fn absent_environment() -> pb::EnvironmentRef {
+    pb::EnvironmentRef {
+        id: format!("exec-{}", "0".repeat(40)),
+        revision: "0".repeat(32),
+    }
+}
+
+/// Whether a refusal proves nothing about the environment it names (§10.5): the answer was
+/// lost (unavailable, deadline, cancelled, unknown), or the replica could not reach the API
+/// server (internal), which it would have answered alike for an absent environment.
+fn proves_nothing(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Cancelled
+            | tonic::Code::Unknown
+            | tonic::Code::Internal
+    )
+}
+
+/// Whether two refusals are identical: code, message and details.
+fn same_refusal(a: &tonic::Status, b: &tonic::Status) -> bool {
+    a.code() == b.code() && a.message() == b.message() && a.details() == b.details()
 }
 
 impl Session {

@@ -145,19 +145,10 @@ impl Desk {
         mut request: pb::AcquireRunRequest,
         refusal: &tonic::Status,
     ) -> String {
-        request.environment = Some(pb::EnvironmentRef {
-            id: format!("exec-{}", "0".repeat(40)),
-            revision: "0".repeat(32),
-        });
+        request.environment = Some(super::absent_environment());
         request.operation_id.push_str("-absent");
         match self.client(call).acquire_run(request).await {
-            Err(absent)
-                if absent.code() == refusal.code()
-                    && absent.message() == refusal.message()
-                    && absent.details() == refusal.details() =>
-            {
-                " as absent".to_owned()
-            }
+            Err(absent) if super::same_refusal(&absent, refusal) => " as absent".to_owned(),
             other => format!(" unlike absent ({})", outcome(&other)),
         }
     }

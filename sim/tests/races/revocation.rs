@@ -13,7 +13,9 @@ use crate::support::*;
 /// for every step of (b) to land before they do, and for every step of (a).
 const DURATION_SECS: u64 = 110;
 const FENCED_DURATION_SECS: u64 = 75;
-/// Every time below counts from the moment the operation is seen live. When (after the operation is seen live) the first snapshot is taken: the replicas have
+// Every time below counts from the moment the operation is seen live.
+
+/// When the first snapshot is taken: the replicas have
 /// restarted with the revoked revision and stopped its executor.
 const STOPPED_MS: u64 = 6_000;
 /// After the operation's 30 s lease deadline.
@@ -203,6 +205,12 @@ fn once_the_stopped_executor_is_terminal_the_revoked_environment_recovers_retire
             assert_eq!(outcome, "ok", "{what} of {name}");
         }
         let gone = live_ms + GONE_MS;
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.ms == gone && l.event.starts_with("snapshot ledger ")),
+            "no snapshot at {gone} ms (the workload ended before it?)"
+        );
         let prefix = format!("snapshot {name} ");
         assert!(
             !lines
