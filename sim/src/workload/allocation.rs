@@ -100,11 +100,7 @@ impl Session {
         let Ok(response) = result else { return };
         let env = response.into_inner().environment;
         if let Some(env) = &env {
-            self.record
-                .ensured
-                .lock()
-                .expect("ensured lock")
-                .insert(env.id.clone());
+            self.record.note_ensured(&env.id);
         }
         let commit = pb::ReferenceMutationRequest {
             environment: env.clone(),

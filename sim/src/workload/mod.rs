@@ -60,6 +60,14 @@ pub struct Record {
 }
 
 impl Record {
+    /// Records that the ensure of environment `id` was acknowledged.
+    pub(crate) fn note_ensured(&self, id: &str) {
+        self.ensured
+            .lock()
+            .expect("ensured lock")
+            .insert(id.to_owned());
+    }
+
     /// What the clients recorded, for the checker.
     pub fn history(&self) -> History {
         History {
