@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use execution_provider::api::pb;
-use execution_provider::errors::error_detail;
+use execution_provider::server::status::error_detail;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_ensures_claims_runs_a_command_and_reads_the_file_it_wrote() {

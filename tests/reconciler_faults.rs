@@ -326,10 +326,10 @@ async fn a_quota_refused_environment_create_answers_internal_and_releases_its_sl
         assert_eq!(status.code(), code, "{binding}");
         assert_eq!(
             status.message(),
-            execution_provider::errors::GENERIC_MESSAGE,
+            execution_provider::server::status::GENERIC_MESSAGE,
             "{binding}"
         );
-        let sent = execution_provider::errors::error_detail(&status).expect("ErrorDetail");
+        let sent = execution_provider::server::status::error_detail(&status).expect("ErrorDetail");
         assert_eq!(
             (sent.code.as_str(), sent.retryable),
             (detail, false),

@@ -10,8 +10,8 @@ mod security;
 
 use common::*;
 use execution_provider::api::pb;
-use execution_provider::errors::error_detail;
 use execution_provider::kube::crd::ExecutionEnvironment;
+use execution_provider::server::status::error_detail;
 use kube::Api;
 use security::*;
 use tonic::Code;

@@ -56,7 +56,7 @@ async fn new_handshake_fails(
     let mut fresh = connect(dev.addr, dir, Some(&dev_identity(dir))).await;
     let status = templates(&mut fresh).await.unwrap_err();
     assert!(
-        execution_provider::errors::error_detail(&status).is_none(),
+        execution_provider::server::status::error_detail(&status).is_none(),
         "the handshake fails before any gRPC status: {status:?}"
     );
 }

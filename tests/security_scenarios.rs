@@ -7,8 +7,8 @@ mod security;
 
 use common::*;
 use execution_provider::api::pb;
-use execution_provider::errors::{FENCE_UNKNOWN_MESSAGE, GENERIC_MESSAGE, error_detail};
 use execution_provider::kube::crd::ExecutionEnvironment;
+use execution_provider::server::status::{FENCE_UNKNOWN_MESSAGE, GENERIC_MESSAGE, error_detail};
 use execution_provider::store::error::StoreError;
 use kube::Api;
 use security::*;

@@ -208,7 +208,7 @@ async fn a_client_without_a_certificate_or_speaking_tls_1_2_fails_the_handshake(
     let mut anonymous = connect(dev.addr, tmp.path(), None).await;
     let status = templates(&mut anonymous).await.unwrap_err();
     assert!(
-        execution_provider::errors::error_detail(&status).is_none(),
+        execution_provider::server::status::error_detail(&status).is_none(),
         "the handshake fails before any gRPC status: {status:?}"
     );
     assert_ne!(status.code(), tonic::Code::Ok);

@@ -167,7 +167,7 @@ async fn peer_withdrawal_while_a_command_runs_ends_it_fence_unknown_and_persists
     let ended = running.await.unwrap().unwrap_err();
     assert_eq!(ended.code(), Code::FailedPrecondition, "{ended:?}");
     assert_eq!(
-        execution_provider::errors::error_detail(&ended)
+        execution_provider::server::status::error_detail(&ended)
             .unwrap()
             .code,
         "fence_unknown"

@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::*;
 use execution_provider::api::pb;
 use execution_provider::cli::dev::DEV_NAMESPACE;
-use execution_provider::errors::error_detail;
 use execution_provider::kube::crd::{ExecutionEnvironment, FenceState};
+use execution_provider::server::status::error_detail;
 use kube::api::Api;
 use security::*;
 

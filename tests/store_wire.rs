@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use execution_provider::api::pb;
-use execution_provider::errors::error_detail;
+use execution_provider::server::status::error_detail;
 use tonic::Code;
 
 fn code_of<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>) -> (Code, String) {

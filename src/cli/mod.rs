@@ -12,7 +12,7 @@ pub mod serve;
 pub mod session;
 pub mod state_dir;
 
-use crate::errors::error_detail;
+use crate::server::status::error_detail;
 
 /// `execution-provider`: isolated, persistent sandboxes for AI-agent platforms.
 #[derive(Debug, clap::Parser)]

@@ -15,6 +15,7 @@ pub mod convert;
 pub mod file_rules;
 pub mod handlers;
 pub mod limiter;
+pub mod status;
 pub mod validate;
 
 use std::future::Future;

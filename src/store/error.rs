@@ -175,9 +175,3 @@ impl StoreError {
         }
     }
 }
-
-impl From<StoreError> for tonic::Status {
-    fn from(e: StoreError) -> Self {
-        e.wire().into_status()
-    }
-}

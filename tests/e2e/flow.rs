@@ -275,7 +275,7 @@ async fn two_replicas_serve_one_environment_and_exactly_one_concurrent_claim_win
         other => panic!("exactly one claim must win: {other:?}"),
     };
     assert_eq!(
-        execution_provider::errors::error_detail(&loser).map(|d| d.code),
+        execution_provider::server::status::error_detail(&loser).map(|d| d.code),
         Some("conflict".to_owned()),
         "{loser:?}"
     );

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use execution_provider::cli::dev::{DevArgs, DevProvider};
-use execution_provider::errors::error_detail;
 use execution_provider::runtime::tls::Identity;
 use execution_provider::runtime::{Clock, OsIds, Runtime, SystemClock};
 use execution_provider::server::limiter::LimiterBounds;
+use execution_provider::server::status::error_detail;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
@@ -177,7 +177,7 @@ pub fn assert_refused(status: &tonic::Status, code: tonic::Code, detail: &str, r
     assert_eq!(status.code(), code, "{status:?}");
     assert_eq!(
         status.message(),
-        execution_provider::errors::GENERIC_MESSAGE
+        execution_provider::server::status::GENERIC_MESSAGE
     );
     let d = error_detail(status).expect("an ErrorDetail");
     assert_eq!(

@@ -294,7 +294,7 @@ fn traced<T>(result: &Result<T, tonic::Status>) -> String {
     let detail = result
         .as_ref()
         .err()
-        .and_then(execution_provider::errors::error_detail)
+        .and_then(execution_provider::server::status::error_detail)
         .map(|d| format!(" {}", d.code))
         .unwrap_or_default();
     format!("{}{detail}", outcome(result))

@@ -22,7 +22,7 @@ impl ProviderService {
 }
 
 pub(super) fn refuse(code: ErrorCode) -> Status {
-    WireError::fatal(code).into_status()
+    WireError::fatal(code).into()
 }
 
 pub(super) fn caller(client: &Client, owner_hash: String) -> Caller {
@@ -64,7 +64,7 @@ impl ProviderService {
         let token = context.map(|c| c.grant.as_str()).unwrap_or_default();
         self.security
             .verify_grant(token, &grant_binding(&caller, &rc), operation)
-            .map_err(WireError::into_status)?;
+            .map_err(Status::from)?;
         Ok((caller, rc))
     }
 }

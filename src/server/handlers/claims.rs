@@ -90,7 +90,7 @@ impl ProviderService {
         let (grant, grant_expiry) = self
             .security
             .sign_grant(grant_binding(caller, &rc))
-            .map_err(crate::errors::WireError::into_status)?;
+            .map_err(Status::from)?;
         let mut response = convert::run_claim(claim, grant);
         let expiry = claim.expires_at.min(grant_expiry);
         response.expires_at = Some(convert::timestamp(expiry));
