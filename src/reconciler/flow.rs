@@ -11,7 +11,7 @@ use super::lifecycle::reconcile_lifecycle;
 use super::pod::{ensure_pod, pod_ready, pod_terminal};
 use super::pvc::ensure_pvc;
 use super::revoke::stop_revoked_executor;
-use super::status::{fence, guarded, not_ready, unguarded};
+use super::status::{fence_expired, guarded, not_ready, unguarded};
 use super::{Context, Next};
 use crate::kube::crd::{
     ConditionStatus, Desired, ENVIRONMENT_FINALIZER, ExecutionEnvironment, FenceState,
@@ -71,10 +71,11 @@ async fn reconcile_env(
             .duration_since(ctx.runtime.clock.wall())
             .unwrap_or_default();
         if remaining.is_zero() {
-            fence(
+            fence_expired(
                 envs,
                 ctx,
                 env,
+                op,
                 "operation holder lease expired; operation identity retained for recovery",
             )
             .await?;

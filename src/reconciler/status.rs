@@ -10,7 +10,7 @@ use super::Context;
 use super::conditions::set_condition;
 use super::error::ReconcileError;
 use crate::kube::crd::{
-    ConditionStatus, ExecutionEnvironment, ExecutionEnvironmentStatus, FenceState,
+    ActiveOperation, ConditionStatus, ExecutionEnvironment, ExecutionEnvironmentStatus, FenceState,
     LifecycleOperation, RfcTime, condition,
 };
 use crate::store::cas::{self, Decision};
@@ -81,6 +81,17 @@ pub async fn guarded(
     envs: &Api<ExecutionEnvironment>,
     ctx: &Context,
     observed: &ExecutionEnvironment,
+    mutate: impl FnMut(&mut Write<'_>),
+) -> Result<(), ReconcileError> {
+    guarded_while(envs, ctx, observed, |_| true, mutate).await
+}
+
+/// [`guarded`] that also requires `still(live)` of the live object before it writes.
+async fn guarded_while(
+    envs: &Api<ExecutionEnvironment>,
+    ctx: &Context,
+    observed: &ExecutionEnvironment,
+    still: impl Fn(&ExecutionEnvironment) -> bool,
     mut mutate: impl FnMut(&mut Write<'_>),
 ) -> Result<(), ReconcileError> {
     let name = name_of(observed);
@@ -88,7 +99,10 @@ pub async fn guarded(
     let uid = observed.metadata.uid.clone();
     let now = RfcTime::from_system_time(ctx.runtime.clock.wall());
     let matched = cas::update_status(envs, &name, |live| {
-        if live.metadata.uid != uid || Observation::of(live.status.as_ref()) != basis {
+        if live.metadata.uid != uid
+            || Observation::of(live.status.as_ref()) != basis
+            || !still(live)
+        {
             return Ok(Decision::Keep(false));
         }
         Ok(apply(live, now, &mut mutate, true))
@@ -160,6 +174,31 @@ pub async fn fence(
     message: &str,
 ) -> Result<(), ReconcileError> {
     guarded(envs, ctx, env, |w| {
+        w.status.fence_state = Some(FenceState::FenceUnknown);
+        w.ready(false, condition::reason::FENCE_UNKNOWN, message);
+    })
+    .await
+}
+
+/// Fences the environment because the operation lease `expired` ran out (guarded): besides
+/// the runtime observation, the live object must still record that exact operation, with the
+/// same id and the same expiry the decision judged. A completion (the operation cleared), a
+/// renewal (a later expiry) or a `RecoverEnvironment` (operation cleared, fence lifted) that
+/// landed after the decision is never overwritten; the reconcile ends with a conflict instead.
+pub async fn fence_expired(
+    envs: &Api<ExecutionEnvironment>,
+    ctx: &Context,
+    env: &ExecutionEnvironment,
+    expired: &ActiveOperation,
+    message: &str,
+) -> Result<(), ReconcileError> {
+    let judged = |live: &ExecutionEnvironment| {
+        live.status
+            .as_ref()
+            .and_then(|s| s.active_operation.as_ref())
+            .is_some_and(|op| op.id == expired.id && op.expires_at == expired.expires_at)
+    };
+    guarded_while(envs, ctx, env, judged, |w| {
         w.status.fence_state = Some(FenceState::FenceUnknown);
         w.ready(false, condition::reason::FENCE_UNKNOWN, message);
     })
