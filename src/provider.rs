@@ -37,6 +37,8 @@ pub struct Settings {
     pub namespace: String,
     /// The dedicated service account of executor Pods.
     pub executor_service_account: String,
+    /// Bounds on connections and TLS handshakes of the mTLS port.
+    pub connections: server::ConnectionBounds,
 }
 
 /// A shutdown signal shared by the server and the reconciler.
@@ -131,7 +133,14 @@ pub async fn run_with<N: Net>(
     );
     let reconciling = tokio::spawn(reconciler.run(shutdown.clone().wait()));
     let service = ProviderService::new(store, deps.security.clone());
-    let served = server::serve::<N>(listener, service, &deps.security, shutdown.wait()).await;
+    let served = server::serve::<N>(
+        listener,
+        service,
+        &deps.security,
+        settings.connections,
+        shutdown.wait(),
+    )
+    .await;
     match reconciling.await {
         Ok(Ok(())) => {}
         Ok(Err(error)) => tracing::error!(%error, "reconciler stopped"),

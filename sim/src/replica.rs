@@ -149,6 +149,7 @@ async fn run_incarnation(parts: Parts, life: u64) -> Result<(), Exit> {
     let settings = Settings {
         namespace: NAMESPACE.to_owned(),
         executor_service_account: "execution-executor".to_owned(),
+        connections: Default::default(),
     };
     let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), GRPC_PORT);
     let listener = SimNet.bind(addr).await?;

@@ -15,6 +15,7 @@ use crate::provider::{self, Dependencies, Settings, Shutdown, ShutdownTrigger};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
 use crate::security::{self, Security, SecurityManager, SecuritySettings, manager};
+use crate::server::ConnectionBounds;
 use crate::server::limiter::LimiterBounds;
 use crate::templates::TemplateRegistry;
 
@@ -44,6 +45,9 @@ pub struct DevArgs {
     /// Bounds of the RPC limiter; they win over the manifest's `limits`.
     #[command(flatten)]
     pub limits: LimiterBounds,
+    /// Bounds on connections and TLS handshakes of the gRPC port.
+    #[command(flatten)]
+    pub connections: ConnectionBounds,
 }
 
 fn parse_listen(text: &str) -> Result<SocketAddr, String> {
@@ -149,6 +153,7 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
     let settings = Settings {
         namespace: DEV_NAMESPACE.to_owned(),
         executor_service_account: DEV_EXECUTOR_SERVICE_ACCOUNT.to_owned(),
+        connections: args.connections,
     };
     let task = tokio::spawn(async move {
         provider::run::<TokioNet>(deps, settings, listener, shutdown).await?;

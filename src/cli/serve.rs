@@ -16,6 +16,7 @@ use crate::provider::{self, Dependencies, Settings, Shutdown};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
 use crate::security::{self, Security, SecurityManager, SecuritySettings, manager};
+use crate::server::ConnectionBounds;
 use crate::server::limiter::LimiterBounds;
 use crate::templates::TemplateRegistry;
 
@@ -84,6 +85,9 @@ pub struct ServeArgs {
     /// Bounds of the RPC limiter; they win over the manifest's `limits`.
     #[command(flatten)]
     pub limits: LimiterBounds,
+    /// Bounds on connections and TLS handshakes of the gRPC port.
+    #[command(flatten)]
+    pub connections: ConnectionBounds,
 }
 
 fn parse_reload_interval(text: &str) -> Result<std::time::Duration, String> {
@@ -180,6 +184,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = Settings {
         namespace: args.namespace.clone(),
         executor_service_account: args.executor_service_account.clone(),
+        connections: args.connections,
     };
     let reconciler = provider::reconciler(&deps, &settings);
     // Preflight before anything listens: a failure ends the process with its reason.

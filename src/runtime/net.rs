@@ -69,6 +69,8 @@ pub struct Io<S> {
     stream: S,
     local: Option<SocketAddr>,
     remote: Option<SocketAddr>,
+    /// The connection's place under the server's connection bound, given back on close.
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<S> Io<S> {
@@ -78,7 +80,15 @@ impl<S> Io<S> {
             stream,
             local,
             remote,
+            place: None,
         }
+    }
+
+    /// This stream holding `place` until it is dropped.
+    #[must_use]
+    pub fn holding(mut self, place: tokio::sync::OwnedSemaphorePermit) -> Self {
+        self.place = Some(place);
+        self
     }
 }
 

@@ -267,13 +267,52 @@ impl ReloadableServerTls {
 /// A server-side mTLS stream as tonic sees it.
 pub type ServerTlsStream<S> = tokio_rustls::server::TlsStream<Io<S>>;
 
-/// Accepts connections on `listener`, runs each TLS handshake in its own task under
-/// `handshake_timeout`, and yields the completed streams. Failed handshakes are logged and
-/// dropped. The loop ends when the returned stream is dropped.
+/// Places for open connections and for TLS handshakes in progress. A connection takes one of
+/// each at `accept`; it gives the handshake place back when its handshake ends and the
+/// connection place when it closes. Without a free place of either kind it is closed at once.
+#[derive(Debug, Clone)]
+pub struct ConnectionGate {
+    connections: Arc<tokio::sync::Semaphore>,
+    handshakes: Arc<tokio::sync::Semaphore>,
+}
+
+impl ConnectionGate {
+    /// At most `connections` open connections and `handshakes` handshakes in progress.
+    pub fn new(connections: usize, handshakes: usize) -> Self {
+        Self {
+            connections: Arc::new(tokio::sync::Semaphore::new(connections)),
+            handshakes: Arc::new(tokio::sync::Semaphore::new(handshakes)),
+        }
+    }
+
+    /// Free places `(connections, handshakes)` now.
+    pub fn free(&self) -> (usize, usize) {
+        (
+            self.connections.available_permits(),
+            self.handshakes.available_permits(),
+        )
+    }
+
+    fn admit(
+        &self,
+    ) -> Option<(
+        tokio::sync::OwnedSemaphorePermit,
+        tokio::sync::OwnedSemaphorePermit,
+    )> {
+        let connection = self.connections.clone().try_acquire_owned().ok()?;
+        let handshake = self.handshakes.clone().try_acquire_owned().ok()?;
+        Some((connection, handshake))
+    }
+}
+
+/// Accepts connections on `listener` within the bounds of `gate`, runs each TLS handshake in
+/// its own task under `handshake_timeout`, and yields the completed streams. Failed
+/// handshakes are logged and dropped. The loop ends when the returned stream is dropped.
 pub fn mtls_incoming<N: Net>(
     listener: N::Listener,
     tls: ReloadableServerTls,
     handshake_timeout: Duration,
+    gate: ConnectionGate,
 ) -> ReceiverStream<io::Result<ServerTlsStream<N::Stream>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let local = N::local_addr(&listener).ok();
@@ -294,10 +333,16 @@ pub fn mtls_incoming<N: Net>(
                 tracing::debug!(%peer, "no TLS config is published: connection refused");
                 continue;
             };
+            let Some((place, handshake)) = gate.admit() else {
+                tracing::debug!(%peer, "connection or handshake bound reached: connection closed");
+                continue;
+            };
             let tx = tx.clone();
             tokio::spawn(async move {
-                let io = Io::new(stream, local, Some(peer));
-                match tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await {
+                let io = Io::new(stream, local, Some(peer)).holding(place);
+                let accepted = tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await;
+                drop(handshake);
+                match accepted {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;
                     }

@@ -11,6 +11,7 @@
 //! after 2 min idle with a 20 s timeout, and a maximum connection age of 30 min plus 2 min of
 //! grace, so clients reconnect (and re-handshake against the current TLS material) regularly.
 
+pub mod connections;
 pub mod convert;
 pub mod file_rules;
 pub mod handlers;
@@ -29,8 +30,9 @@ use tonic_health::server::HealthReporter;
 use crate::api::FILE_DESCRIPTOR_SET;
 use crate::api::pb::execution_provider_service_server::ExecutionProviderServiceServer;
 use crate::runtime::net::Net;
-use crate::runtime::tls::mtls_incoming;
+use crate::runtime::tls::{ConnectionGate, mtls_incoming};
 use crate::security::Security;
+pub use connections::ConnectionBounds;
 pub use handlers::ProviderService;
 
 /// Largest gRPC message in either direction.
@@ -68,6 +70,7 @@ pub async fn serve<N: Net>(
     listener: N::Listener,
     service: ProviderService,
     security: &Security,
+    connections: ConnectionBounds,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -79,7 +82,9 @@ pub async fn serve<N: Net>(
     let execution = ExecutionServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let incoming = mtls_incoming::<N>(listener, security.server_tls(), HANDSHAKE_TIMEOUT);
+    let (max_connections, max_handshakes) = connections.resolve();
+    let gate = ConnectionGate::new(max_connections, max_handshakes);
+    let incoming = mtls_incoming::<N>(listener, security.server_tls(), HANDSHAKE_TIMEOUT, gate);
     let served = Server::builder()
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))

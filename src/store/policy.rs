@@ -28,7 +28,9 @@ impl PolicyCheck for NoPolicyCheck {
     }
 }
 
-/// A shared policy check, held by a dispatch for as long as it runs.
+/// A shared policy check, held by a dispatch for as long as it runs: until its executor call
+/// and its completion write have ended, even when the caller has gone away. The server's
+/// check keeps the call's limiter slot, so the slot lasts exactly as long.
 pub type SharedPolicyCheck = Arc<dyn PolicyCheck>;
 
 /// The shared form of [`NoPolicyCheck`].

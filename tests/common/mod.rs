@@ -32,6 +32,7 @@ pub async fn start_dev(state_dir: &Path) -> DevProvider {
         listen: "127.0.0.1:0".parse().unwrap(),
         helper: Some(helper_binary()),
         limits: Default::default(),
+        connections: Default::default(),
     };
     execution_provider::cli::dev::start(&args)
         .await

@@ -55,6 +55,7 @@ pub async fn start_dev_with(
         listen: "127.0.0.1:0".parse().unwrap(),
         helper: Some(helper_binary()),
         limits,
+        connections: Default::default(),
     };
     let runtime = Runtime {
         clock,

@@ -15,15 +15,21 @@ use crate::api::pb;
 use crate::errors::ErrorCode;
 use crate::executor::protocol::ExecutorRequest;
 use crate::security::{Client, Security};
+use crate::server::limiter::Slot;
 use crate::server::{convert, file_rules};
 use crate::store::policy::{PolicyCheck, SharedPolicyCheck};
 
 /// The caller's policy as in force now: the same peer chain still authenticates, to the same
 /// client, which may still attest owners and use the environment's template.
+///
+/// It also keeps the call's limiter slot: the store holds this check until the dispatch's
+/// executor call and completion write have ended, in their own task, so a call cancelled by
+/// its client keeps its slot for as long as its work goes on (api-security §7).
 struct PeerPolicy {
     security: Security,
     certs: Option<Arc<Vec<CertificateDer<'static>>>>,
     uri: String,
+    _slot: Option<Arc<Slot>>,
 }
 
 impl PolicyCheck for PeerPolicy {
@@ -129,6 +135,7 @@ impl ProviderService {
             security: self.security.clone(),
             certs: request.peer_certs(),
             uri: client.uri.clone(),
+            _slot: client.slot.clone(),
         })
     }
 }
