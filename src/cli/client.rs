@@ -119,6 +119,13 @@ pub enum ClientCommand {
     Admin(super::admin::AdminCommand),
     /// Revokes every claim and grant under the expected grant generation.
     Revoke(super::admin::RevokeArgs),
+    /// Describes an environment: phase, fence, epoch, Pod and PVC, operation, run claim.
+    Describe {
+        #[command(flatten)]
+        target: super::describe::DescribeArgs,
+        #[command(flatten)]
+        revision: super::describe::RevisionArg,
+    },
 }
 
 /// `client run ...`.
@@ -272,6 +279,15 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<i32> {
         }
         ClientCommand::Admin(command) => {
             let (value, text) = super::admin::run(client, owner, command).await?;
+            out.print(value, &text);
+            Ok(0)
+        }
+        ClientCommand::Describe { target, revision } => {
+            let mut client = client;
+            let d =
+                super::describe::fetch(&mut client, &owner, &target, revision.revision.as_deref())
+                    .await?;
+            let (value, text) = super::describe::render(&d);
             out.print(value, &text);
             Ok(0)
         }

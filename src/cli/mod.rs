@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod client;
 pub mod connect;
+pub mod describe;
 pub mod dev;
 pub mod pki;
 pub mod refs;

@@ -5,6 +5,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::api::pb;
 use crate::executor::protocol::{self as helper, ExecutorRequest, Operation};
+use crate::kube::crd::{
+    ActiveOperation, ConditionStatus, EnvironmentCondition, FenceState, LifecyclePhase,
+    ObjectIdentity,
+};
+use crate::store::describe::Description;
 use crate::store::{Allocation, EnvRef, RunClaim};
 
 /// The helper operation of a wire file operation (`None` for UNSPECIFIED or unknown values).
@@ -146,5 +151,92 @@ pub fn command_status(c: &helper::CommandStatus) -> pb::CommandStatusResponse {
         next_offset: c.next_offset,
         truncated: c.truncated,
         terminal_receipt: c.terminal_receipt.clone(),
+    }
+}
+
+/// The wire description of an environment.
+pub fn description(d: &Description) -> pb::DescribeEnvironmentResponse {
+    let identity = |o: &ObjectIdentity| pb::ObjectIdentity {
+        name: o.name.clone(),
+        uid: o.uid.clone(),
+    };
+    let (reason, message) = d.not_ready.clone().unwrap_or_default();
+    pb::DescribeEnvironmentResponse {
+        environment: Some(env_ref(&d.env)),
+        binding_id: d.binding_id.clone(),
+        template_id: d.template_id.clone(),
+        template_revision: d.template_revision.clone(),
+        phase: d.phase.as_str().to_owned(),
+        ready: d.ready,
+        fence_state: d.fence_state.map(fence_word).unwrap_or_default().to_owned(),
+        reason,
+        message,
+        epoch: d.epoch,
+        grant_generation: d.grant_generation,
+        pod: d.pod.as_ref().map(identity),
+        pvc: d.pvc.as_ref().map(identity),
+        operations: d.operations.iter().map(operation_lease).collect(),
+        run_claim: d.claim.as_ref().map(|c| pb::RunClaimSummary {
+            binding_id: c.binding_id.clone(),
+            run_id: c.run_id.clone(),
+            epoch: c.epoch,
+            grant_generation: c.grant_generation,
+            expires_at: Some(timestamp(c.expires_at)),
+            expired: c.expired,
+        }),
+        lifecycle: d.lifecycle.as_ref().map(|l| pb::LifecycleStep {
+            operation_id: l.id.clone(),
+            r#type: format!("{:?}", l.type_),
+            phase: lifecycle_phase_word(l.phase).to_owned(),
+        }),
+        conditions: d.conditions.iter().map(condition).collect(),
+        schema_version: d.schema_version,
+        deleting: d.deleting,
+    }
+}
+
+fn fence_word(f: FenceState) -> &'static str {
+    match f {
+        FenceState::Healthy => "Healthy",
+        FenceState::FenceUnknown => "FenceUnknown",
+    }
+}
+
+fn lifecycle_phase_word(p: LifecyclePhase) -> &'static str {
+    match p {
+        LifecyclePhase::Quiescing => "Quiescing",
+        LifecyclePhase::WaitingForTermination => "WaitingForTermination",
+        LifecyclePhase::RemovingPodFinalizer => "RemovingPodFinalizer",
+        LifecyclePhase::WaitingForPodDeletion => "WaitingForPodDeletion",
+        LifecyclePhase::CreatingReplacement => "CreatingReplacement",
+        LifecyclePhase::DeletingPvc => "DeletingPVC",
+        LifecyclePhase::ReleasingSlot => "ReleasingSlot",
+    }
+}
+
+fn operation_lease(op: &ActiveOperation) -> pb::OperationLease {
+    pb::OperationLease {
+        operation_id: op.id.clone(),
+        operation: op.operation.clone(),
+        run_id: op.run_id.clone(),
+        epoch: op.epoch,
+        holder_id: op.holder_id.clone(),
+        started_at: Some(timestamp(op.started_at.to_system_time())),
+        expires_at: Some(timestamp(op.expires_at.to_system_time())),
+    }
+}
+
+fn condition(c: &EnvironmentCondition) -> pb::EnvironmentCondition {
+    let status = match c.status {
+        ConditionStatus::True => "True",
+        ConditionStatus::False => "False",
+        ConditionStatus::Unknown => "Unknown",
+    };
+    pb::EnvironmentCondition {
+        r#type: c.type_.clone(),
+        status: status.to_owned(),
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+        last_transition_time: Some(timestamp(c.last_transition_time.to_system_time())),
     }
 }

@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod cas;
 pub mod claims;
+pub mod describe;
 pub mod dispatch;
 pub mod ensure;
 pub mod error;

@@ -2,8 +2,8 @@
 //! design; every decision about state lives in the store.
 //!
 //! The service trait is implemented here once, delegating each RPC to a `handle_*` method in
-//! the file of its group: [`catalog`], [`allocation`], [`claims`], [`references`], [`admin`]
-//! and [`data_plane`]; [`auth`] holds the authentication and shape checks they share.
+//! the file of its group: [`catalog`], [`allocation`], [`claims`], [`references`], [`admin`],
+//! [`describe`] and [`data_plane`]; [`auth`] holds the authentication and shape checks they share.
 
 mod admin;
 mod allocation;
@@ -11,6 +11,7 @@ mod auth;
 mod catalog;
 mod claims;
 mod data_plane;
+mod describe;
 mod references;
 
 use std::future::Future;
@@ -85,6 +86,7 @@ impl ExecutionProviderService for ProviderService {
         delete_retired_environment => handle_delete_retired_environment(pb::DeleteRetiredEnvironmentRequest) -> ();
         revoke_environment => handle_revoke_environment(pb::RevokeEnvironmentRequest) -> pb::RevokeEnvironmentResponse;
         migrate_environment => handle_migrate_environment(pb::MigrateEnvironmentRequest) -> ();
+        describe_environment => handle_describe_environment(pb::DescribeEnvironmentRequest) -> pb::DescribeEnvironmentResponse;
         files => handle_files(pb::FileRequest) -> pb::FileResponse;
         start_command => handle_start_command(pb::CommandStartRequest) -> pb::CommandStartResponse;
         command_status => handle_command_status(pb::CommandQueryRequest) -> pb::CommandStatusResponse;

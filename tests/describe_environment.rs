@@ -1,0 +1,351 @@
+//! `DescribeEnvironment` and the client's `describe` and filled-in admin commands, over real
+//! mTLS against `dev`: the creator and the administrators in scope see phase, fence, epoch,
+//! Pod and PVC identities, the operation and the run claim (never the claim id or the grant);
+//! everyone else sees exactly what an absent environment looks like; the call writes nothing;
+//! `client admin retire` fills the exact identity from the description and does nothing
+//! unless confirmed.
+
+mod common;
+mod security;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::*;
+use execution_provider::api::pb;
+use execution_provider::errors::error_detail;
+use execution_provider::kube::crd::ExecutionEnvironment;
+use kube::Api;
+use prost::Message;
+use security::*;
+use tonic::Code;
+
+const CREATOR: &str = "spiffe://dev.local/ns/default/client";
+const ADMIN: &str = "spiffe://dev.local/ns/ops/admin";
+const UNSCOPED: &str = "spiffe://dev.local/ns/ops/unscoped";
+const VIEWER: &str = "spiffe://dev.local/ns/default/viewer";
+const BYSTANDER: &str = "spiffe://dev.local/ns/default/bystander";
+
+async fn stored(dev: &execution_provider::cli::dev::DevProvider, id: &str) -> ExecutionEnvironment {
+    Api::<ExecutionEnvironment>::namespaced(dev.kube.clone(), "execution")
+        .get(id)
+        .await
+        .expect("the environment exists")
+}
+
+fn by_env(env: &pb::EnvironmentRef, owner: pb::Owner) -> pb::DescribeEnvironmentRequest {
+    pb::DescribeEnvironmentRequest {
+        environment: Some(env.clone()),
+        owner: Some(owner),
+        binding_id: String::new(),
+    }
+}
+
+fn by_binding(binding: &str) -> pb::DescribeEnvironmentRequest {
+    pb::DescribeEnvironmentRequest {
+        environment: None,
+        owner: Some(owner()),
+        binding_id: binding.into(),
+    }
+}
+
+/// Code, message and detail code of a refused describe.
+async fn refused(client: &mut Client, r: pb::DescribeEnvironmentRequest) -> (Code, String, String) {
+    let status = client.describe_environment(r).await.expect_err("refused");
+    let detail = error_detail(&status).map(|d| d.code).unwrap_or_default();
+    (status.code(), status.message().to_owned(), detail)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_creator_sees_its_environment_by_binding_and_by_id_and_nothing_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "described")
+        .await
+        .environment
+        .unwrap();
+    let claim = acquire(&mut client, "described", &env).await;
+    let before = stored(&dev, &env.id).await;
+
+    let d = client
+        .describe_environment(by_binding("described"))
+        .await
+        .expect("the creator describes its binding")
+        .into_inner();
+    let status = before.status.clone().unwrap();
+    assert_eq!(d.environment.as_ref(), Some(&env));
+    assert_eq!(d.binding_id, "described");
+    assert_eq!((d.phase.as_str(), d.ready), ("Ready", true));
+    assert_eq!(d.fence_state, "Healthy");
+    assert_eq!(d.reason, "", "a ready environment has no reason");
+    assert_eq!(Some(d.epoch), status.epoch);
+    assert_eq!(d.epoch, claim.epoch);
+    assert_eq!(Some(d.grant_generation), status.grant_generation);
+    assert_eq!(
+        d.pod.as_ref().map(|p| &p.uid),
+        status.pod.as_ref().map(|p| &p.uid)
+    );
+    assert_eq!(
+        d.pvc.as_ref().map(|p| &p.uid),
+        status.pvc.as_ref().map(|p| &p.uid)
+    );
+    assert!(d.operations.is_empty(), "nothing in flight");
+    let run = d.run_claim.clone().expect("the claim is described");
+    assert_eq!(
+        (run.run_id.as_str(), run.epoch, run.expired),
+        ("run-1", claim.epoch, false)
+    );
+    assert_eq!(run.expires_at, claim.expires_at);
+    assert!(
+        d.conditions
+            .iter()
+            .any(|c| c.r#type == "Ready" && c.status == "True")
+    );
+
+    let wire = d.encode_to_vec();
+    for secret in [claim.claim_id.as_bytes(), claim.grant.as_bytes()] {
+        assert!(
+            !wire.windows(secret.len()).any(|w| w == secret),
+            "a description never carries the claim id or the grant"
+        );
+    }
+    let again = client
+        .describe_environment(by_env(&env, owner()))
+        .await
+        .expect("the creator describes by id")
+        .into_inner();
+    assert_eq!(
+        again, d,
+        "by id and by binding describe the same incarnation"
+    );
+    let any_revision = pb::EnvironmentRef {
+        revision: String::new(),
+        ..env.clone()
+    };
+    let current = client
+        .describe_environment(by_env(&any_revision, owner()))
+        .await
+        .expect("an empty revision describes the current incarnation")
+        .into_inner();
+    assert_eq!(current.environment.as_ref(), Some(&env));
+
+    let after = stored(&dev, &env.id).await;
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "describing writes nothing"
+    );
+}
+
+/// The policy: the creator attests owners, ADMIN administers it, UNSCOPED administers nobody,
+/// VIEWER is another creator, BYSTANDER may neither attest owners nor administer.
+fn scoped_policy(m: &mut serde_json::Value) {
+    m["clients"] = serde_json::json!([
+        {"uri": CREATOR, "mayAttestOwner": true, "executionTemplates": ["default"]},
+        {"uri": ADMIN, "administrator": true, "administratorFor": [CREATOR]},
+        {"uri": UNSCOPED, "administrator": true},
+        {"uri": VIEWER, "mayAttestOwner": true, "executionTemplates": ["default"]},
+        {"uri": BYSTANDER},
+    ]);
+}
+
+async fn connect_as(
+    dev: &execution_provider::cli::dev::DevProvider,
+    dir: &Path,
+    uri: &str,
+) -> Client {
+    connect(dev.addr, dir, Some(&identity_from_dev_ca(dir, uri))).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_scope_callers_see_an_absent_environment_and_admins_in_scope_see_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let dev = start_dev(dir).await;
+    edit_manifest(dir, scoped_policy);
+    reload(&dev).await;
+    let mut creator = connect_as(&dev, dir, CREATOR).await;
+    let env = ensure_ready(&mut creator, "scoped")
+        .await
+        .environment
+        .unwrap();
+
+    let mut admin = connect_as(&dev, dir, ADMIN).await;
+    let seen = admin
+        .describe_environment(by_env(&env, owner()))
+        .await
+        .expect("an administrator of the creator describes it")
+        .into_inner();
+    assert_eq!(seen.environment.as_ref(), Some(&env));
+
+    let absent_ref = pb::EnvironmentRef {
+        id: format!("exec-{}", "0".repeat(40)),
+        revision: env.revision.clone(),
+    };
+    let absent = refused(&mut admin, by_env(&absent_ref, owner())).await;
+    assert_eq!((absent.0, absent.2.as_str()), (Code::NotFound, "not_found"));
+
+    let mut unscoped = connect_as(&dev, dir, UNSCOPED).await;
+    assert_eq!(
+        refused(&mut unscoped, by_env(&env, owner())).await,
+        absent,
+        "admin out of scope"
+    );
+    let mut viewer = connect_as(&dev, dir, VIEWER).await;
+    assert_eq!(
+        refused(&mut viewer, by_env(&env, owner())).await,
+        absent,
+        "another creator"
+    );
+    assert_eq!(
+        refused(&mut viewer, by_binding("scoped")).await,
+        absent,
+        "another creator's binding names another environment"
+    );
+    let mallory = pb::Owner {
+        subject: "mallory".into(),
+        ..owner()
+    };
+    assert_eq!(
+        refused(&mut admin, by_env(&env, mallory)).await,
+        absent,
+        "another owner"
+    );
+    let stale = pb::EnvironmentRef {
+        revision: "0".repeat(32),
+        ..env.clone()
+    };
+    assert_eq!(
+        refused(&mut admin, by_env(&stale, owner())).await,
+        absent,
+        "another incarnation"
+    );
+
+    let mut bystander = connect_as(&dev, dir, BYSTANDER).await;
+    let denied = refused(&mut bystander, by_env(&env, owner())).await;
+    assert_eq!(
+        (denied.0, denied.2.as_str()),
+        (Code::PermissionDenied, "permission_denied")
+    );
+
+    let both = pb::DescribeEnvironmentRequest {
+        binding_id: "scoped".into(),
+        ..by_env(&env, owner())
+    };
+    let neither = pb::DescribeEnvironmentRequest {
+        environment: None,
+        owner: Some(owner()),
+        binding_id: String::new(),
+    };
+    let no_owner = pb::DescribeEnvironmentRequest {
+        owner: None,
+        ..by_env(&env, owner())
+    };
+    for bad in [both, neither, no_owner] {
+        let invalid = refused(&mut creator, bad).await;
+        assert_eq!(
+            (invalid.0, invalid.2.as_str()),
+            (Code::InvalidArgument, "invalid_argument")
+        );
+    }
+}
+
+/// Runs `execution-provider client` against `dev` with the dev client's identity.
+async fn cli(addr: std::net::SocketAddr, dir: &Path, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_execution-provider"))
+        .arg("client")
+        .args(["--address", &addr.to_string()])
+        .arg("--state-dir")
+        .arg(dir)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("the client runs")
+}
+
+fn stdout_json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_admin_retire_fills_the_exact_identity_from_describe_and_needs_confirmation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let dev = start_dev(dir).await;
+    let ensured = stdout_json(&cli(dev.addr, dir, &["--json", "ensure", "--binding", "cli"]).await);
+    let id = ensured["environment"]["id"].as_str().unwrap().to_owned();
+    let revision = ensured["environment"]["revision"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let described =
+        stdout_json(&cli(dev.addr, dir, &["--json", "describe", "--binding", "cli"]).await);
+    assert_eq!(described["environment"]["id"], id.as_str());
+    assert_eq!(described["phase"], "Ready");
+    let pod_uid = described["pod"]["uid"].as_str().unwrap().to_owned();
+    let text = cli(dev.addr, dir, &["describe", "--env", &id]).await;
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains(&pod_uid),
+        "the text form names the Pod UID"
+    );
+    assert!(
+        cli(dev.addr, dir, &["release", "--binding", "cli"])
+            .await
+            .status
+            .success()
+    );
+    let before = stored(&dev, &id).await.metadata.resource_version;
+
+    let retire = ["admin", "retire", "--env", &id, "--env-revision", &revision];
+    let unconfirmed = cli(dev.addr, dir, &retire).await;
+    assert!(
+        !unconfirmed.status.success(),
+        "no terminal and no --yes: nothing is done"
+    );
+    assert!(String::from_utf8_lossy(&unconfirmed.stderr).contains("--yes"));
+    assert_eq!(stored(&dev, &id).await.metadata.resource_version, before);
+
+    let confirmed = cli(
+        dev.addr,
+        dir,
+        &[&retire[..], &["--yes", "--op", "retire-1"]].concat(),
+    )
+    .await;
+    let said = String::from_utf8_lossy(&confirmed.stderr);
+    assert!(confirmed.status.success(), "{said}");
+    let epoch = described["epoch"].to_string();
+    for shown in [epoch.as_str(), pod_uid.as_str(), "retire-1"] {
+        assert!(
+            said.contains(shown),
+            "the filled values are printed: {said}"
+        );
+    }
+    let client = connect(dev.addr, dir, Some(&dev_identity(dir))).await;
+    let owner = pb::Owner {
+        issuer: "https://dev.local".into(),
+        subject: "developer".into(),
+    };
+    let env = pb::EnvironmentRef { id, revision };
+    eventually(
+        std::time::Duration::from_secs(60),
+        "the environment retires",
+        || {
+            let (mut client, request) = (client.clone(), by_env(&env, owner.clone()));
+            async move {
+                let d = client
+                    .describe_environment(request)
+                    .await
+                    .ok()?
+                    .into_inner();
+                (d.phase == "Retired").then_some(())
+            }
+        },
+    )
+    .await;
+}
