@@ -13,8 +13,8 @@ use std::process::Output;
 
 use common::*;
 use execution_provider::api::pb;
-use execution_provider::errors::error_detail;
 use execution_provider::kube::crd::ExecutionEnvironment;
+use execution_provider::server::status::error_detail;
 use kube::Api;
 use prost::Message;
 use security::*;
