@@ -133,6 +133,18 @@ impl Security {
         })
     }
 
+    /// Refuses loaded TLS material that `security check` refuses, judged at this state's
+    /// clock: an expired or not-yet-valid server leaf, one without serverAuth, and a client
+    /// CA bundle entry that is not a CA.
+    pub fn check_material(&self, loaded: &LoadedSecurity) -> Result<(), SecurityError> {
+        let problems = super::check::loaded_problems(loaded, self.clock.as_ref());
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(SecurityError::Refused(problems))
+        }
+    }
+
     /// Installs a newly loaded directory: later handshakes and RPCs, including RPCs on
     /// connections that are already open, use it.
     pub fn install(&self, loaded: &LoadedSecurity) -> Result<(), SecurityError> {

@@ -1,6 +1,7 @@
 //! An operator's check of a security directory (`execution-provider security check`): the
-//! same strict rules the SecurityManager applies on load (api-security §6.1-§6.2), but every
-//! problem is collected and reported instead of stopping at the first one.
+//! same strict rules the SecurityManager applies on every reload (api-security §6.1-§6.2;
+//! [`loaded_problems`] is shared with the reload), but every problem is collected and
+//! reported instead of stopping at the first one.
 //!
 //! Checked: the manifest decodes strictly and validates; each TLS file it names is a
 //! basename present inside the directory (no escaping symlink, at most 1 MiB); the server
@@ -16,9 +17,10 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::keys::{self, KeyState};
 use super::manifest::{MAX_MANIFEST_BYTES, SecurityManifest};
-use super::{MAX_TLS_FILE_BYTES, read_bounded};
+use super::{LoadedSecurity, MAX_TLS_FILE_BYTES, read_bounded};
 use crate::runtime::Clock;
 use crate::runtime::tls::{self, Identity};
+use rustls::pki_types::CertificateDer;
 
 /// The outcome of a check: the manifest when it decoded, and every problem found.
 #[derive(Debug)]
@@ -81,7 +83,10 @@ pub fn check_directory(manifest_path: &Path, tls_dir: &Path, clock: Arc<dyn Cloc
         check_server(&cert, &key, &files.certificate_file, clock, &mut problems);
     }
     if let Some(cas) = cas {
-        check_client_cas(&cas, &files.client_ca_file, &mut problems);
+        match tls::certificates_from_pem(&cas, &files.client_ca_file) {
+            Ok(cas) => problems.extend(client_ca_problems(&cas, &files.client_ca_file)),
+            Err(e) => problems.push(format!("client CA bundle: {e}")),
+        }
     }
     check_keys(&manifest, &key_files, now, &mut problems);
     CheckReport {
@@ -107,8 +112,27 @@ fn check_server(cert: &[u8], key: &[u8], name: &str, clock: Arc<dyn Clock>, out:
     if let Err(e) = tls::server_config(&identity, clock.clone()) {
         out.push(format!("server key does not fit certificate {name}: {e}"));
     }
+    out.extend(server_leaf_problems(&identity, name, clock.as_ref()));
+}
+
+/// What `security check` and every reload refuse in loaded TLS material: a server leaf that
+/// is not valid at `clock`'s time or lacks the serverAuth usage, and a client CA bundle entry
+/// that is not a CA certificate (a leaf there would become a trust anchor).
+pub fn loaded_problems(loaded: &LoadedSecurity, clock: &dyn Clock) -> Vec<String> {
+    let files = &loaded.manifest.tls;
+    let mut problems = server_leaf_problems(&loaded.server, &files.certificate_file, clock);
+    problems.extend(client_ca_problems(
+        &loaded.client_cas,
+        &files.client_ca_file,
+    ));
+    problems
+}
+
+fn server_leaf_problems(identity: &Identity, name: &str, clock: &dyn Clock) -> Vec<String> {
+    let mut out = Vec::new();
     let Ok((_, leaf)) = X509Certificate::from_der(&identity.chain[0]) else {
-        return out.push(format!("server certificate {name} does not parse"));
+        out.push(format!("server certificate {name} does not parse"));
+        return out;
     };
     let now = i64::try_from(clock.unix().as_secs()).unwrap_or(i64::MAX);
     let validity = leaf.validity();
@@ -126,13 +150,11 @@ fn check_server(cert: &[u8], key: &[u8], name: &str, clock: Arc<dyn Clock>, out:
             "server certificate {name} lacks the serverAuth usage"
         ));
     }
+    out
 }
 
-fn check_client_cas(pem: &[u8], name: &str, out: &mut Vec<String>) {
-    let cas = match tls::certificates_from_pem(pem, name) {
-        Ok(cas) => cas,
-        Err(e) => return out.push(format!("client CA bundle: {e}")),
-    };
+fn client_ca_problems(cas: &[CertificateDer<'static>], name: &str) -> Vec<String> {
+    let mut out = Vec::new();
     for (i, der) in cas.iter().enumerate() {
         let is_ca = X509Certificate::from_der(der)
             .ok()
@@ -144,6 +166,7 @@ fn check_client_cas(pem: &[u8], name: &str, out: &mut Vec<String>) {
             ));
         }
     }
+    out
 }
 
 fn check_keys(

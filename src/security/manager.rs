@@ -2,7 +2,8 @@
 //! publishes each authority to the durable ledger by compare-and-swap, and keeps a fresh
 //! observation of the ledger so every RPC can be checked against it without an API call.
 //!
-//! Reload: load and validate the directory, publish its generation, digest and key
+//! Reload: load and validate the directory (every rule of `security check`, and a read that
+//! saw a projected-volume swap is read again once), publish its generation, digest and key
 //! fingerprints to the ledger (which refuses rollback, drift, key reuse and key version
 //! rollback), re-read it and require it to name exactly this generation and digest and to
 //! record every key, then install. Any failure withdraws the
@@ -106,6 +107,7 @@ impl SecurityManager {
     async fn try_reload(&self) -> Result<LedgerState, ReloadError> {
         let s = &self.settings;
         let loaded = load_directory(&s.manifest_path, &s.tls_dir)?;
+        self.security.check_material(&loaded)?;
         let record = LedgerRecord::of(&loaded.manifest);
         self.ledger.publish(&record).await?;
         let confirmed = self.ledger.read_record().await?.is_some_and(|stored| {

@@ -63,6 +63,13 @@ pub enum SecurityError {
     /// The RPC limiter bounds (manifest and flags together) are invalid.
     #[error(transparent)]
     Limits(#[from] crate::server::limiter::LimiterError),
+    /// The TLS material breaks a rule of `security check` (expired or non-serverAuth server
+    /// leaf, a client CA bundle entry that is not a CA).
+    #[error("security directory refused: {}", .0.join("; "))]
+    Refused(Vec<String>),
+    /// A projected volume swapped its `..data` version while it was read, twice in a row.
+    #[error("the security files changed while they were read; retried once")]
+    Swapped,
 }
 
 /// Everything loaded from one security directory.
@@ -80,7 +87,46 @@ pub struct LoadedSecurity {
 /// Reads the manifest at `manifest_path` and the TLS and key files it names from `tls_dir`.
 /// Those files are basenames opened through a handle confined to `tls_dir`: a symlink that
 /// leads out of it is refused, and at most 1 MiB is read from each.
+///
+/// A Kubernetes projected volume (Secret, ConfigMap) swaps all its files at once by
+/// re-pointing its `..data` link; a read that saw a swap may mix two versions, so it is
+/// retried once, and refused ([`SecurityError::Swapped`]) when the retry sees another swap.
 pub fn load_directory(
+    manifest_path: &Path,
+    tls_dir: &Path,
+) -> Result<LoadedSecurity, SecurityError> {
+    let mut links = vec![tls_dir.join(PROJECTION_LINK)];
+    if let Some(parent) = manifest_path.parent()
+        && parent != tls_dir
+    {
+        links.push(parent.join(PROJECTION_LINK));
+    }
+    read_consistently(&links, || load_directory_once(manifest_path, tls_dir))
+}
+
+/// The link through which a projected volume publishes its current version.
+pub const PROJECTION_LINK: &str = "..data";
+
+/// Runs `read` while the projected-volume `links` keep their targets: when a link changed
+/// during a read, the read is done once more, and when it changed again,
+/// [`SecurityError::Swapped`]. A missing link (not a projected volume) never changes.
+pub fn read_consistently<T>(
+    links: &[PathBuf],
+    mut read: impl FnMut() -> Result<T, SecurityError>,
+) -> Result<T, SecurityError> {
+    let versions =
+        || -> Vec<Option<PathBuf>> { links.iter().map(|l| std::fs::read_link(l).ok()).collect() };
+    for _ in 0..2 {
+        let before = versions();
+        let result = read();
+        if versions() == before {
+            return result;
+        }
+    }
+    Err(SecurityError::Swapped)
+}
+
+fn load_directory_once(
     manifest_path: &Path,
     tls_dir: &Path,
 ) -> Result<LoadedSecurity, SecurityError> {
