@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use common::*;
+use execution_provider::runtime::Clock;
 use execution_provider::security::{SecurityError, load_directory, read_consistently};
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, SanType};
 use security::*;
@@ -60,7 +61,7 @@ async fn assert_reload_refused(change: impl FnOnce(&Path), problem: &str) {
 
 #[tokio::test]
 async fn an_expired_server_certificate_is_refused_and_not_kept() {
-    let now = SystemTime::now();
+    let now = execution_provider::runtime::SystemClock.wall();
     assert_reload_refused(
         |state| {
             write_server(
@@ -79,7 +80,7 @@ async fn an_expired_server_certificate_is_refused_and_not_kept() {
 
 #[tokio::test]
 async fn a_server_certificate_not_yet_valid_is_refused() {
-    let now = SystemTime::now();
+    let now = execution_provider::runtime::SystemClock.wall();
     assert_reload_refused(
         |state| {
             write_server(
@@ -98,7 +99,7 @@ async fn a_server_certificate_not_yet_valid_is_refused() {
 
 #[tokio::test]
 async fn a_server_certificate_without_server_auth_is_refused() {
-    let now = SystemTime::now();
+    let now = execution_provider::runtime::SystemClock.wall();
     assert_reload_refused(
         |state| {
             write_server(
@@ -127,7 +128,7 @@ async fn a_leaf_in_the_client_ca_bundle_is_refused() {
 async fn an_expiry_while_installed_is_refused_by_the_next_reload() {
     let tmp = tempfile::tempdir().unwrap();
     let clock = std::sync::Arc::new(ShiftedClock::default());
-    let now = SystemTime::now();
+    let now = execution_provider::runtime::SystemClock.wall();
     let dev = start_dev_with_clock(tmp.path(), clock.clone()).await;
     write_server(
         tmp.path(),
