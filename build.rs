@@ -10,6 +10,7 @@ const PROTO_FILE: &str = "mecatl/execution/v1/execution.proto";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={PROTO_ROOT}");
+    kubectl_for_tests();
 
     // Imports (google/protobuf/*) resolve from protox's bundled well-known types and are kept in
     // the set, so reflection clients can resolve every referenced type.
@@ -29,4 +30,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .btree_map(".")
         .compile_fds(fds)?;
     Ok(())
+}
+
+/// Finds a `kubectl` for the test that drives `dev` with it (`$KUBECTL`, else the first on
+/// `PATH`): with one, `has_kubectl` is set and `EXECUTION_PROVIDER_TEST_KUBECTL` names it;
+/// without, that test is compiled as ignored, saying why. `PATH` is not tracked (it differs
+/// between shells and would rebuild the crate); set `KUBECTL` to point at a new one.
+fn kubectl_for_tests() {
+    println!("cargo::rustc-check-cfg=cfg(has_kubectl)");
+    println!("cargo:rerun-if-env-changed=KUBECTL");
+    let explicit = std::env::var_os("KUBECTL").map(PathBuf::from);
+    let on_path = || {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("kubectl"))
+                .find(|candidate| candidate.is_file())
+        })
+    };
+    if let Some(kubectl) = explicit.or_else(on_path) {
+        println!("cargo:rerun-if-changed={}", kubectl.display());
+        println!("cargo:rustc-cfg=has_kubectl");
+        println!(
+            "cargo:rustc-env=EXECUTION_PROVIDER_TEST_KUBECTL={}",
+            kubectl.display()
+        );
+    }
 }

@@ -8,7 +8,7 @@ use std::{
 };
 
 use execution_provider::{
-    kube::apiserver::{ApiServer, ApiServerError, STATE_FILE},
+    kube::apiserver::{ApiServer, ApiServerError, LEGACY_STATE_FILE, STATE_FILE},
     runtime::{SeededIds, clock::OffsetClock},
 };
 use futures::{Stream, StreamExt, TryStreamExt};
@@ -913,12 +913,19 @@ async fn persisted_state_survives_reopening_the_same_directory() {
 
 #[tokio::test]
 async fn a_corrupt_state_file_is_a_clear_error_naming_the_file_and_is_left_untouched() {
-    for content in [
-        "{\"format\": \"execution-provider/apiserver-state\", \"vers",
-        "{\"some\": \"other tool\"}",
+    for (file, content) in [
+        (
+            STATE_FILE,
+            "not a database, although long enough to hold a header of sorts",
+        ),
+        (
+            LEGACY_STATE_FILE,
+            "{\"format\": \"execution-provider/apiserver-state\", \"vers",
+        ),
+        (LEGACY_STATE_FILE, "{\"some\": \"other tool\"}"),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(STATE_FILE);
+        let path = dir.path().join(file);
         std::fs::write(&path, content).expect("write");
         let err = open(dir.path()).expect_err("refused");
         let message = err.to_string();

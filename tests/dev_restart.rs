@@ -16,7 +16,7 @@ async fn spawn_dev(state_dir: &Path) -> (Child, std::net::SocketAddr) {
         .arg("dev")
         .arg("--state-dir")
         .arg(state_dir)
-        .args(["--listen", "127.0.0.1:0"])
+        .args(["--listen", "127.0.0.1:0", "--kube-listen", "127.0.0.1:0"])
         .arg("--helper")
         .arg(helper_binary())
         .stdout(Stdio::piped())

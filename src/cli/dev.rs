@@ -1,11 +1,14 @@
 //! `execution-provider dev`: the whole provider on one machine with no cluster. An in-process
 //! API server persisted to the state directory stands for Kubernetes, a node agent plays the
 //! kubelet, and executors are local `execution-helper` processes on workspace directories.
+//! kubectl can read (never write) the API server through `<state>/kubeconfig` (module
+//! `dev_kubectl`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::dev_kubectl::{self, KubectlEndpoint};
 use super::state_dir::StateDir;
 use crate::executor::local::LocalTransport;
 use crate::kube::apiserver::ApiServer;
@@ -39,6 +42,10 @@ pub struct DevArgs {
     /// Where the gRPC server listens (mTLS).
     #[arg(long, default_value = "127.0.0.1:7443", value_parser = parse_listen)]
     pub listen: SocketAddr,
+    /// Where the read-only Kubernetes API for kubectl listens (mTLS, loopback only); its
+    /// kubeconfig is written to `<state-dir>/kubeconfig` at every start.
+    #[arg(long, default_value = "127.0.0.1:7444", value_parser = parse_listen)]
+    pub kube_listen: SocketAddr,
     /// The `execution-helper` binary (default: the one beside this program).
     #[arg(long, env = "EXECUTION_HELPER")]
     pub helper: Option<PathBuf>,
@@ -67,6 +74,8 @@ pub struct DevProvider {
     pub security_manager: SecurityManager,
     /// A client of the embedded API server.
     pub kube: kube::Client,
+    /// The read-only API endpoint for kubectl and its kubeconfig.
+    pub kubectl: KubectlEndpoint,
     trigger: ShutdownTrigger,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -134,6 +143,15 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = TokioNet::local_addr(&listener)?;
     let (trigger, shutdown) = Shutdown::new();
+    let kubectl = dev_kubectl::start(
+        &api,
+        args.kube_listen,
+        state.root(),
+        DEV_NAMESPACE,
+        runtime.clock.clone(),
+        shutdown.clone().wait(),
+    )
+    .await?;
     let agent = NodeAgent::new(
         kube.clone(),
         DEV_NAMESPACE,
@@ -165,6 +183,7 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
         security,
         security_manager,
         kube: deps_kube,
+        kubectl,
         trigger,
         task,
     })
@@ -175,11 +194,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let DevProvider {
         addr,
         state,
+        kubectl,
         trigger,
         mut task,
         ..
     } = start(&args).await?;
-    print_banner(addr, &state.root().display().to_string());
+    print_banner(addr, &state.root().display().to_string(), &kubectl);
     tokio::select! {
         result = &mut task => result?,
         _ = tokio::signal::ctrl_c() => {
@@ -192,11 +212,17 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
 /// Tells the user where the provider listens. Standard output may be closed (a supervisor or
 /// test that read the first line); that must not stop the provider.
-fn print_banner(addr: SocketAddr, state: &str) {
+fn print_banner(addr: SocketAddr, state: &str, kubectl: &KubectlEndpoint) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "execution-provider dev is listening on {addr} (mTLS)");
     let _ = writeln!(out, "state directory: {state}");
+    let _ = writeln!(
+        out,
+        "read-only Kubernetes API on {} (mTLS): kubectl --kubeconfig {} get executionenvironments -o wide",
+        kubectl.addr,
+        kubectl.kubeconfig.display()
+    );
     let _ = writeln!(out, "try:");
     let _ = writeln!(
         out,

@@ -6,6 +6,7 @@ pub mod client;
 pub mod connect;
 pub mod describe;
 pub mod dev;
+pub mod dev_kubectl;
 pub mod pki;
 pub mod refs;
 pub mod security;

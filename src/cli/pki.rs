@@ -75,10 +75,18 @@ impl DevCa {
 
     /// A server certificate for `localhost` and `127.0.0.1`.
     pub fn server(&self) -> Result<PemPair, PkiError> {
-        let sans = vec![
+        self.server_for(std::net::IpAddr::from([127, 0, 0, 1]))
+    }
+
+    /// A server certificate for `localhost`, `127.0.0.1` and `ip`.
+    pub fn server_for(&self, ip: std::net::IpAddr) -> Result<PemPair, PkiError> {
+        let mut sans = vec![
             SanType::DnsName("localhost".try_into()?),
             SanType::IpAddress(std::net::IpAddr::from([127, 0, 0, 1])),
         ];
+        if !ip.is_unspecified() && ip != std::net::IpAddr::from([127, 0, 0, 1]) {
+            sans.push(SanType::IpAddress(ip));
+        }
         self.leaf(
             "execution-provider",
             sans,

@@ -8,7 +8,8 @@
 //! <state>/client/{ca.pem,client.pem,client.key}   what `client` uses by default
 //! <state>/pki/{ca.pem,ca.key}     the development CA, to issue more client certificates
 //! <state>/templates.yaml          the template catalogue
-//! <state>/apiserver/              the in-process API server's persisted objects
+//! <state>/apiserver/apiserver.sqlite3   the in-process API server's database
+//! <state>/kubeconfig              read-only kubectl access, rewritten at every start
 //! <state>/workspaces/<env>/       one directory per environment, standing for its PVC
 //! ```
 

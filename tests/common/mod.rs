@@ -30,6 +30,7 @@ pub async fn start_dev(state_dir: &Path) -> DevProvider {
     let args = DevArgs {
         state_dir: state_dir.to_owned(),
         listen: "127.0.0.1:0".parse().unwrap(),
+        kube_listen: "127.0.0.1:0".parse().unwrap(),
         helper: Some(helper_binary()),
         limits: Default::default(),
         connections: Default::default(),

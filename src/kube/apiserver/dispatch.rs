@@ -3,12 +3,17 @@
 
 use std::{sync::Arc, time::Duration};
 
-use http::{Method, Response, header::CONTENT_TYPE, request::Parts};
+use http::{
+    Method, Response,
+    header::{ACCEPT, CONTENT_TYPE},
+    request::Parts,
+};
 use serde_json::{Value, json};
 
 use super::{
     Shared,
     delete::{self, DeleteOptions},
+    discovery,
     read::{self, ListRequest},
     registry::KindInfo,
     response::{self, ResponseBody},
@@ -16,6 +21,7 @@ use super::{
     selector::{FieldSelector, Filter, LabelSelector},
     status::ApiError,
     store::ObjectKey,
+    table::{self, TableRequest},
     watch::{self, DEFAULT_TIMEOUT, WatchRequest},
     write,
 };
@@ -35,11 +41,31 @@ fn route(shared: &Arc<Shared>, parts: &Parts, body: &[u8]) -> Answer {
     let target = parse_path(parts.uri.path())?;
     let query = Query::parse(parts.uri.query());
     let method = &parts.method;
+    let header = |name| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v: &http::HeaderValue| v.to_str().ok())
+            .unwrap_or("")
+    };
+    let table = match *method {
+        Method::GET => TableRequest::from_request(header(ACCEPT), query.get("includeObject"))?,
+        _ => None,
+    };
     match target {
         Target::Version if method == Method::GET => Ok(response::json(200, &version())),
-        Target::Version => Err(ApiError::method_not_allowed(method.as_str())),
+        Target::Discovery(document) if method == Method::GET => {
+            Ok(response::json(200, &discovery::render(&document)))
+        }
+        Target::Version | Target::Discovery(_) => {
+            Err(ApiError::method_not_allowed(method.as_str()))
+        }
         Target::Collection { kind, namespace } => {
-            collection(shared, kind, namespace, method, &query, body)
+            let wants = Wants {
+                query: &query,
+                table,
+            };
+            collection(shared, kind, namespace, method, wants, body)
         }
         Target::Object {
             kind,
@@ -52,19 +78,18 @@ fn route(shared: &Arc<Shared>, parts: &Parts, body: &[u8]) -> Answer {
                 namespace,
                 name,
             };
-            let content_type = parts
-                .headers
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
+            let wants = Wants {
+                query: &query,
+                table,
+            };
             object(
                 shared,
                 kind,
                 key,
                 status,
                 method,
-                &query,
-                content_type,
+                wants,
+                header(CONTENT_TYPE),
                 body,
             )
         }
@@ -102,14 +127,32 @@ fn filter(kind: &KindInfo, namespace: Option<String>, query: &Query) -> Result<F
     })
 }
 
+/// How a request wants its answer: its query, and whether as a Table.
+#[derive(Clone, Copy)]
+struct Wants<'a> {
+    query: &'a Query,
+    table: Option<TableRequest>,
+}
+
+impl Wants<'_> {
+    /// The answer to a GET, as a Table when one was asked for.
+    fn render(&self, shared: &Shared, kind: &KindInfo, answer: Value) -> Value {
+        match self.table {
+            Some(request) => table::from_answer(kind, &answer, request, shared.clock.wall()),
+            None => answer,
+        }
+    }
+}
+
 fn collection(
     shared: &Arc<Shared>,
     kind: &'static KindInfo,
     namespace: Option<String>,
     method: &Method,
-    query: &Query,
+    wants: Wants<'_>,
     body: &[u8],
 ) -> Answer {
+    let query = wants.query;
     match *method {
         Method::GET if query.flag("watch") => {
             let timeout = match query.number("timeoutSeconds")? {
@@ -122,6 +165,7 @@ fn collection(
                 bookmarks: query.flag("allowWatchBookmarks"),
                 send_initial_events: query.flag("sendInitialEvents"),
                 timeout,
+                table: wants.table,
             };
             let body = watch::start(Arc::clone(shared), kind, request);
             Ok(response::with_body(200, body))
@@ -134,7 +178,7 @@ fn collection(
                 resource_version: query.resource_version()?,
             };
             let list = read::list(&shared.lock(), kind, &request)?;
-            Ok(response::json(200, &list))
+            Ok(response::json(200, &wants.render(shared, kind, list)))
         }
         Method::POST => {
             let namespace = match (kind.namespaced, namespace) {
@@ -166,12 +210,16 @@ fn object(
     key: ObjectKey,
     status: bool,
     method: &Method,
-    query: &Query,
+    wants: Wants<'_>,
     content_type: &str,
     body: &[u8],
 ) -> Answer {
+    let query = wants.query;
     let answer = match *method {
-        Method::GET => read::get(&shared.lock(), kind, &key)?,
+        Method::GET => {
+            let object = read::get(&shared.lock(), kind, &key)?;
+            wants.render(shared, kind, object)
+        }
         Method::PUT => {
             let object = json_body(body)?;
             let ctx = shared.ctx(query.dry_run());

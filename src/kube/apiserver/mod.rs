@@ -6,22 +6,26 @@
 //! without sockets; a hyper server can serve it too, as the service accepts any request body.
 //!
 //! State is in memory ([`ApiServer::in_memory`]) or also persisted to a state directory
-//! ([`ApiServer::open`]), where every acknowledged mutation is written atomically before the
-//! answer. The served kinds are listed in [`registry::KINDS`].
+//! ([`ApiServer::open`]): an embedded SQLite database where every acknowledged mutation is one
+//! transaction committed before the answer (module `persist`). Reads and watches are served from
+//! memory either way, so both backends behave alike. The served kinds are listed in [`registry::KINDS`].
 
 mod delete;
+mod discovery;
 mod dispatch;
 pub mod exec;
 mod meta;
 mod patch;
 mod persist;
 mod read;
+pub mod read_only;
 pub mod registry;
 mod response;
 mod route;
 mod selector;
 mod status;
 mod store;
+mod table;
 mod watch;
 mod write;
 
@@ -39,7 +43,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 
-pub use persist::{ApiServerError, STATE_FILE};
+pub use persist::{ApiServerError, LEGACY_STATE_FILE, MIGRATED_LEGACY_STATE_FILE, STATE_FILE};
 pub use response::ResponseBody;
 pub use store::DEFAULT_HISTORY_LIMIT;
 pub use watch::BOOKMARK_INTERVAL;
@@ -116,9 +120,10 @@ impl ApiServer {
         Self::with_store(store, clock, ids, None)
     }
 
-    /// A server persisted in `dir`: loads `<dir>/apiserver.json` if present (a corrupt or
-    /// foreign file is an error naming it, and is never overwritten), and writes every
-    /// acknowledged mutation atomically before answering.
+    /// A server persisted in `dir`: loads the database `<dir>/apiserver.sqlite3` (creating it,
+    /// or migrating a legacy `<dir>/apiserver.json` into it on the first start; a corrupt or
+    /// foreign file is an error naming it, and is never modified), and commits every
+    /// acknowledged mutation in one transaction before answering.
     pub fn open(
         dir: &Path,
         clock: Arc<dyn Clock>,
@@ -154,7 +159,7 @@ impl ApiServer {
             .await
     }
 
-    /// The state file, for a persisted server.
+    /// The database file, for a persisted server.
     pub fn state_file(&self) -> Option<&Path> {
         self.shared.state_file.as_deref()
     }

@@ -26,6 +26,8 @@ pub struct KindInfo {
     pub initial_status: Option<&'static str>,
     /// Field-selector fields beyond `metadata.name` and `metadata.namespace`.
     pub extra_fields: &'static [&'static str],
+    /// The short names discovery advertises (`kubectl get execenv`).
+    pub short_names: &'static [&'static str],
 }
 
 impl KindInfo {
@@ -71,6 +73,7 @@ pub static KINDS: &[KindInfo] = &[
         returns_deleted_object: true,
         initial_status: None,
         extra_fields: &[],
+        short_names: &["execenv"],
     },
     KindInfo {
         group: "",
@@ -84,6 +87,7 @@ pub static KINDS: &[KindInfo] = &[
         returns_deleted_object: true,
         initial_status: Some(r#"{"phase":"Pending"}"#),
         extra_fields: &["spec.nodeName", "spec.serviceAccountName", "status.phase"],
+        short_names: &["po"],
     },
     KindInfo {
         group: "",
@@ -97,6 +101,7 @@ pub static KINDS: &[KindInfo] = &[
         returns_deleted_object: true,
         initial_status: Some(r#"{"phase":"Pending"}"#),
         extra_fields: &[],
+        short_names: &["pvc"],
     },
     KindInfo {
         group: "",
@@ -110,6 +115,7 @@ pub static KINDS: &[KindInfo] = &[
         returns_deleted_object: false,
         initial_status: None,
         extra_fields: &[],
+        short_names: &["cm"],
     },
     KindInfo {
         group: "events.k8s.io",
@@ -123,6 +129,7 @@ pub static KINDS: &[KindInfo] = &[
         returns_deleted_object: false,
         initial_status: None,
         extra_fields: &[],
+        short_names: &["ev"],
     },
     KindInfo {
         group: "node.k8s.io",
@@ -136,6 +143,7 @@ pub static KINDS: &[KindInfo] = &[
         returns_deleted_object: false,
         initial_status: None,
         extra_fields: &[],
+        short_names: &[],
     },
     KindInfo {
         group: "storage.k8s.io",
@@ -149,6 +157,7 @@ pub static KINDS: &[KindInfo] = &[
         returns_deleted_object: true,
         initial_status: None,
         extra_fields: &[],
+        short_names: &["sc"],
     },
 ];
 

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{
+    discovery,
     registry::{self, KindInfo},
     status::ApiError,
 };
@@ -13,6 +14,8 @@ use super::{
 pub enum Target {
     /// `/version`.
     Version,
+    /// A discovery document (`/api`, `/apis`, a group or a group version).
+    Discovery(discovery::Document),
     /// A collection: one namespace's objects, or (namespace `None`) every namespace's.
     Collection {
         /// The kind.
@@ -36,6 +39,9 @@ pub enum Target {
 /// Parses a request path.
 pub fn parse_path(path: &str) -> Result<Target, ApiError> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if let Some(document) = discovery::document(&segments) {
+        return Ok(Target::Discovery(document));
+    }
     let (group, version, rest) = match segments.as_slice() {
         ["version"] => return Ok(Target::Version),
         ["api", version, rest @ ..] => ("", *version, rest),
@@ -185,7 +191,7 @@ mod tests {
             "/api/v1/namespaces/a/configmaps/c/status",
             "/api/v1/namespaces/a/pods/p/exec",
             "/apis/node.k8s.io/v1/namespaces/a/runtimeclasses",
-            "/apis",
+            "/apis/apps/v1",
             "/healthz",
         ] {
             let err = parse_path(path).expect_err(path);

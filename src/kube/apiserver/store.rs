@@ -172,8 +172,8 @@ impl Store {
         }
     }
 
-    /// Commits a change at the next resourceVersion: persists it (if persisted), then makes it
-    /// visible and records the event. Returns the object as stored (or as finally deleted).
+    /// Commits a change at the next resourceVersion: persists it (if persisted: one database
+    /// transaction), then makes it visible and records the event. Returns the object as stored (or as finally deleted).
     pub fn commit(&mut self, key: ObjectKey, change: Change) -> Result<Value, ApiError> {
         let resource_version = self.resource_version + 1;
         let (mut object, event_type) = match change {
@@ -185,21 +185,18 @@ impl Store {
             "resourceVersion".to_string(),
             Value::String(resource_version.to_string()),
         );
+        if let Some(persister) = &mut self.persister {
+            let stored = (event_type != EventType::Deleted).then_some(&object);
+            if let Err(e) = persister.write(resource_version, &key, stored) {
+                let path = persister.path().display();
+                return Err(ApiError::internal(format!("cannot write {path}: {e}")));
+            }
+        }
         let previous = if event_type == EventType::Deleted {
             self.objects.remove(&key)
         } else {
             self.objects.insert(key.clone(), object.clone())
         };
-        if let Some(persister) = &self.persister
-            && let Err(e) = persister.save(resource_version, &self.objects)
-        {
-            match &previous {
-                Some(old) => self.objects.insert(key, old.clone()),
-                None => self.objects.remove(&key),
-            };
-            let path = persister.path().display();
-            return Err(ApiError::internal(format!("cannot write {path}: {e}")));
-        }
         self.resource_version = resource_version;
         self.history.push_back(Arc::new(Event {
             resource_version,

@@ -4,7 +4,8 @@
 //! position older than the history yields an ERROR event carrying a 410 `Expired` Status, as
 //! real servers send, so clients relist. Objects entering or leaving a selector are sent as
 //! ADDED or DELETED. Bookmarks (when allowed) come every [`BOOKMARK_INTERVAL`] of tokio time,
-//! and the stream ends after `timeoutSeconds`.
+//! and the stream ends after `timeoutSeconds`. Clients that ask for Tables get each object as
+//! a one-row `Table` (see the `table` module).
 
 use std::{collections::VecDeque, convert::Infallible, pin::Pin, sync::Arc, time::Duration};
 
@@ -21,6 +22,7 @@ use super::{
     selector::Filter,
     status::ApiError,
     store::{Event, EventType, Store},
+    table::{self, TableRequest},
 };
 
 /// How often a watch that allows bookmarks gets one.
@@ -41,12 +43,43 @@ pub struct WatchRequest {
     pub send_initial_events: bool,
     /// When the stream ends.
     pub timeout: Duration,
+    /// Objects as `Table`s (`kubectl get --watch`) instead of themselves.
+    pub table: Option<TableRequest>,
+}
+
+/// Renders the event lines of one watch: objects as they are, or as one-row Tables of which
+/// the first carries the column definitions, as the real server sends them.
+struct Encoder {
+    kind: &'static KindInfo,
+    table: Option<TableRequest>,
+    headers_sent: bool,
+}
+
+impl Encoder {
+    fn event(&mut self, shared: &Shared, event_type: EventType, object: &Value) -> Bytes {
+        let Some(request) = self.table else {
+            return line(event_type.as_str(), object);
+        };
+        let metadata = json!({"resourceVersion": object["metadata"]["resourceVersion"]});
+        let now = shared.clock.wall();
+        let headers = !std::mem::replace(&mut self.headers_sent, true);
+        let table = table::table(
+            self.kind,
+            std::slice::from_ref(object),
+            metadata,
+            request,
+            now,
+            headers,
+        );
+        line(event_type.as_str(), &table)
+    }
 }
 
 struct WatchState {
     shared: Arc<Shared>,
     kind: &'static KindInfo,
     filter: Filter,
+    encoder: Encoder,
     position: u64,
     pending: VecDeque<Bytes>,
     changes: watch::Receiver<u64>,
@@ -107,8 +140,8 @@ impl WatchState {
         };
         for event in events.filter(|e| e.kind == self.kind.kind) {
             if let Some(event_type) = visible_type(&self.filter, event) {
-                self.pending
-                    .push_back(line(event_type.as_str(), &event.object));
+                let line = self.encoder.event(&shared, event_type, &event.object);
+                self.pending.push_back(line);
             }
         }
         self.position = store.resource_version();
@@ -175,10 +208,12 @@ impl WatchState {
 /// store lock. A resourceVersion from the future fails with an ERROR event (504), as real
 /// servers do once their wait for it times out.
 fn initial(
+    shared: &Shared,
     store: &Store,
-    kind: &'static KindInfo,
+    encoder: &mut Encoder,
     request: &WatchRequest,
 ) -> (VecDeque<Bytes>, u64, bool) {
+    let kind = encoder.kind;
     let current = store.resource_version();
     let mut pending = VecDeque::new();
     match request.resource_version {
@@ -192,7 +227,7 @@ fn initial(
             let namespace = request.filter.namespace.as_deref();
             for (_, object) in store.objects(kind.kind, namespace) {
                 if request.filter.matches(object) {
-                    pending.push_back(line(EventType::Added.as_str(), object));
+                    pending.push_back(encoder.event(shared, EventType::Added, object));
                 }
             }
             if request.send_initial_events && request.bookmarks {
@@ -205,15 +240,21 @@ fn initial(
 
 /// Starts a watch; the body streams until the timeout, an expiry or the client's drop.
 pub fn start(shared: Arc<Shared>, kind: &'static KindInfo, request: WatchRequest) -> ResponseBody {
+    let mut encoder = Encoder {
+        kind,
+        table: request.table,
+        headers_sent: false,
+    };
     let (pending, position, finished, changes) = {
         let store = shared.lock();
-        let (pending, position, finished) = initial(&store, kind, &request);
+        let (pending, position, finished) = initial(&shared, &store, &mut encoder, &request);
         (pending, position, finished, store.subscribe())
     };
     let state = WatchState {
         shared,
         kind,
         filter: request.filter,
+        encoder,
         position,
         pending,
         changes,
