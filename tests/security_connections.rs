@@ -72,6 +72,7 @@ async fn start(state: &Path, helper: PathBuf, connections: ConnectionBounds) -> 
     let args = DevArgs {
         state_dir: state.to_owned(),
         listen: "127.0.0.1:0".parse().unwrap(),
+        kube_listen: "127.0.0.1:0".parse().unwrap(),
         helper: Some(helper),
         limits: Default::default(),
         connections,

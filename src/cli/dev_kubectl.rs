@@ -23,7 +23,7 @@ use crate::kube::apiserver::{
 };
 use crate::runtime::Clock;
 use crate::runtime::net::{Net, TokioNet};
-use crate::runtime::tls::{self, ClockTime, ReloadableServerTls};
+use crate::runtime::tls::{self, ClockTime, ConnectionGate, ReloadableServerTls};
 
 /// The kubeconfig's file name in the state directory.
 pub const KUBECONFIG_FILE: &str = "kubeconfig";
@@ -31,6 +31,10 @@ pub const KUBECONFIG_FILE: &str = "kubeconfig";
 pub const VIEWER_URI: &str = "spiffe://dev.local/kubectl-viewer";
 const CA_NAME: &str = "execution-provider dev kubectl CA";
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Open connections (each kubectl watch holds one) and handshakes in progress at once: a
+/// local tool needs few, and the bound keeps a misbehaving one from exhausting the provider.
+const MAX_CONNECTIONS: usize = 64;
+const MAX_HANDSHAKES: usize = 16;
 const NAME: &str = "execution-provider-dev";
 
 /// The running endpoint.
@@ -139,6 +143,7 @@ pub async fn start(
         listener,
         ReloadableServerTls::new(config),
         HANDSHAKE_TIMEOUT,
+        ConnectionGate::new(MAX_CONNECTIONS, MAX_HANDSHAKES),
     );
     let document = kubeconfig(addr, &ca.pem.cert, &client, namespace);
     let text = serde_saphyr::to_string(&document).context("cannot render the kubeconfig")?;
