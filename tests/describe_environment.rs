@@ -349,3 +349,59 @@ async fn client_admin_retire_fills_the_exact_identity_from_describe_and_needs_co
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_acquire_says_which_run_holds_the_claim_and_release_needs_no_grant() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let dev = start_dev(dir).await;
+    let acquire = [
+        "run",
+        "acquire",
+        "--binding",
+        "held",
+        "--run-id",
+        "first-run",
+    ];
+    let claim = stdout_json(&cli(dev.addr, dir, &[&["--json"][..], &acquire[..]].concat()).await);
+    let second = cli(dev.addr, dir, &["run", "acquire", "--binding", "held"]).await;
+    assert!(!second.status.success(), "the claim is held");
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        said.contains("(conflict)"),
+        "the refusal stays as it is: {said}"
+    );
+    assert!(
+        said.contains("held by run first-run (binding held) until "),
+        "the holder and its expiry are named: {said}"
+    );
+
+    let epoch = claim["epoch"].to_string();
+    let generation = claim["grantGeneration"].to_string();
+    let release = [
+        "run",
+        "release",
+        "--binding",
+        "held",
+        "--run-id",
+        "first-run",
+        "--claim-id",
+        claim["claimId"].as_str().unwrap(),
+        "--epoch",
+        &epoch,
+        "--generation",
+        &generation,
+    ];
+    let released = cli(dev.addr, dir, &release).await;
+    assert!(
+        released.status.success(),
+        "{}",
+        String::from_utf8_lossy(&released.stderr)
+    );
+    let again = cli(dev.addr, dir, &acquire).await;
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+}

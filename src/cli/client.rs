@@ -72,11 +72,19 @@ pub struct ClaimArgs {
 impl ClaimArgs {
     fn claim(&self) -> Option<Claim> {
         Some(Claim {
+            grant: self.grant.clone()?,
+            ..self.claim_without_grant()?
+        })
+    }
+
+    /// The claim as `run renew` and `run release` name it: those requests carry no grant.
+    fn claim_without_grant(&self) -> Option<Claim> {
+        Some(Claim {
             run_id: self.run_id.clone()?,
             claim_id: self.claim_id.clone()?,
             epoch: self.epoch?,
             grant_generation: self.generation?,
-            grant: self.grant.clone()?,
+            grant: String::new(),
         })
     }
 }
@@ -350,7 +358,7 @@ async fn run_command(
         RunCommand::Renew { target, claim, ttl } => {
             let session = Session::ensure(client, owner, &target, !out.json).await?;
             let claim = claim
-                .claim()
+                .claim_without_grant()
                 .context("--run-id, --claim-id, --epoch and --generation are required")?;
             let renewed = session.renew(&claim, ttl).await?;
             out.claim(&renewed);
@@ -358,7 +366,7 @@ async fn run_command(
         RunCommand::Release { target, claim } => {
             let session = Session::ensure(client, owner, &target, !out.json).await?;
             let claim = claim
-                .claim()
+                .claim_without_grant()
                 .context("--run-id, --claim-id, --epoch and --generation are required")?;
             session.release(&claim).await?;
             out.print(json!({"released": true}), "released");

@@ -12,6 +12,7 @@ use super::client::Target;
 use crate::api::pb;
 use crate::api::pb::execution_provider_service_client::ExecutionProviderServiceClient;
 use crate::runtime::{IdSource, OsIds};
+use crate::server::status::error_detail;
 
 /// How often readiness is polled.
 const READY_POLL: Duration = Duration::from_millis(250);
@@ -168,9 +169,37 @@ impl Session {
             operation_id: OsIds.hex(16),
             ttl_millis: millis(ttl),
         };
-        Ok(claim_of(
-            self.client.clone().acquire_run(request).await?.into_inner(),
-        ))
+        match self.client.clone().acquire_run(request).await {
+            Ok(response) => Ok(claim_of(response.into_inner())),
+            Err(status) => {
+                if error_detail(&status).is_some_and(|d| d.code == "conflict") {
+                    self.explain_held_claim().await;
+                }
+                Err(status.into())
+            }
+        }
+    }
+
+    /// After a refused acquire: says which run holds the claim and until when, as far as the
+    /// creator may learn it from `DescribeEnvironment` (the refusal itself stays generic).
+    async fn explain_held_claim(&self) {
+        let request = pb::DescribeEnvironmentRequest {
+            environment: None,
+            owner: Some(self.owner.clone()),
+            binding_id: self.binding.clone(),
+        };
+        let Ok(d) = self.client.clone().describe_environment(request).await else {
+            return;
+        };
+        if let Some(c) = d.into_inner().run_claim.filter(|c| !c.expired) {
+            eprintln!(
+                "note: the run claim is held by run {} (binding {}) until {}; acquire again \
+                 once it is released or has expired",
+                c.run_id,
+                c.binding_id,
+                super::describe::time(c.expires_at.as_ref())
+            );
+        }
     }
 
     /// Renews a claim.
