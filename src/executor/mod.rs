@@ -9,6 +9,8 @@ pub mod exec_backend;
 pub mod local;
 pub mod pod_exec;
 pub mod protocol;
+pub mod supervisor_client;
+pub mod supervisor_protocol;
 pub mod transport;
 
 pub use exec_backend::HelperExecBackend;

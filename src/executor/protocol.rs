@@ -495,10 +495,13 @@ pub struct GrepMatch {
 }
 
 /// The state of a command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum CommandState {
     /// Still running (detached commands only).
+    #[default]
     Running,
     /// Exited 0, and cleanup was proven.
     Succeeded,

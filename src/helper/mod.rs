@@ -13,7 +13,9 @@ pub mod files;
 pub mod glob;
 pub mod output;
 pub mod reaper;
+pub mod relay;
 pub mod search;
+pub mod supervisor;
 pub mod workspace;
 
 use std::ffi::OsString;
@@ -45,11 +47,16 @@ pub const FRAME_TOO_LARGE_MESSAGE: &str = "executor request exceeds limit";
 pub struct HelperConfig {
     /// The workspace root (`--workspace DIR`, default `/workspace`).
     pub workspace: PathBuf,
+    /// Where a relay finds the supervisor (`--supervisor-socket ADDR`, default
+    /// [`crate::executor::supervisor_protocol::DEFAULT_SOCKET`]).
+    pub supervisor_socket: String,
 }
 
-/// Parses `--workspace DIR` / `--workspace=DIR` (the arguments after the program name).
+/// Parses `--workspace DIR` / `--workspace=DIR` and `--supervisor-socket ADDR` (the arguments
+/// after the program name).
 pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<HelperConfig, String> {
     let mut workspace = PathBuf::from(DEFAULT_WORKSPACE);
+    let mut supervisor_socket = crate::executor::supervisor_protocol::DEFAULT_SOCKET.to_owned();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         if arg == "--workspace" {
@@ -57,6 +64,9 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<HelperConf
             workspace = PathBuf::from(value);
         } else if let Some(value) = arg.to_str().and_then(|a| a.strip_prefix("--workspace=")) {
             workspace = PathBuf::from(value);
+        } else if arg == "--supervisor-socket" {
+            let value = args.next().and_then(|v| v.into_string().ok());
+            supervisor_socket = value.ok_or("--supervisor-socket needs an address")?;
         } else {
             return Err(format!("unexpected argument {}", arg.to_string_lossy()));
         }
@@ -64,12 +74,28 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<HelperConf
     if workspace.as_os_str().is_empty() {
         return Err("--workspace must not be empty".to_owned());
     }
-    Ok(HelperConfig { workspace })
+    Ok(HelperConfig {
+        workspace,
+        supervisor_socket,
+    })
 }
 
 /// The whole helper process: returns its exit code (1 only if stdout cannot be written).
 pub fn main_entry() -> ExitCode {
-    let config = match parse_args(std::env::args_os().skip(1)) {
+    let mut args = std::env::args_os().skip(1).peekable();
+    match args.peek().and_then(|a| a.to_str()) {
+        Some("supervise") => {
+            args.next();
+            return supervisor::main(args);
+        }
+        Some("reap-command") => {
+            args.next();
+            return reap_command(args);
+        }
+        _ => {}
+    }
+    supervisor::harden();
+    let config = match parse_args(args) {
         Ok(config) => config,
         Err(problem) => {
             eprintln!("execution-helper: {problem}\nusage: execution-helper [--workspace DIR]");
@@ -78,6 +104,11 @@ pub fn main_entry() -> ExitCode {
     };
     let subreaper = reaper::become_subreaper();
     let frame = read_frame(&mut std::io::stdin().lock());
+    if let Ok(open) = &frame
+        && decode_strict::<relay::RelayOpen>(open).is_ok_and(|o| o.relay == relay::RELAY_WORD)
+    {
+        return relay::run(&config.supervisor_socket);
+    }
 
     // After the request, any further byte, EOF or read error on stdin cancels a command.
     let (cancel_sender, cancel_receiver) = watch::channel(false);
@@ -100,6 +131,29 @@ pub fn main_entry() -> ExitCode {
         Err(e) => ExecutorEnvelope::error(HelperError::internal(e.to_string()).to_wire()),
     };
     write_envelope(&envelope)
+}
+
+/// `reap-command --workspace DIR --parent PID`: one command's sub-reaper, started by the
+/// supervisor.
+fn reap_command(args: impl Iterator<Item = OsString>) -> ExitCode {
+    let mut workspace = None;
+    let mut parent = None;
+    let mut args = args;
+    while let Some(arg) = args.next() {
+        let value = args.next().and_then(|v| v.into_string().ok());
+        match (arg.to_str(), value) {
+            (Some("--workspace"), Some(v)) => workspace = Some(PathBuf::from(v)),
+            (Some("--parent"), Some(v)) => parent = v.parse::<i32>().ok(),
+            _ => parent = None,
+        }
+    }
+    match (workspace, parent) {
+        (Some(workspace), Some(parent)) => supervisor::reaper_process::main(workspace, parent),
+        _ => {
+            eprintln!("usage: execution-helper reap-command --workspace DIR --parent PID");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// Reads one request frame: bytes up to the first `\n` (not included) or EOF, at most

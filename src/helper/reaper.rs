@@ -56,9 +56,47 @@ pub async fn sweep_children(window: Duration) -> bool {
     tokio::time::timeout(window, sweep).await.unwrap_or(false)
 }
 
+/// Every live descendant of this process (children, their children, ...), read from
+/// `/proc/<pid>/task/*/children`; empty where the kernel lacks those files.
+pub fn descendants() -> Vec<Pid> {
+    let mut found = Vec::new();
+    let mut frontier = direct_children();
+    while let Some(pid) = frontier.pop() {
+        if found.contains(&pid) || found.len() >= 65_536 {
+            continue;
+        }
+        found.push(pid);
+        frontier.extend(children_of(pid));
+    }
+    found
+}
+
+/// Sends `signal` to the process group `group` and to every descendant of this process.
+pub fn signal_tree(group: Option<Pid>, signal: Signal) {
+    if let Some(group) = group {
+        let _ = rustix::process::kill_process_group(group, signal);
+    }
+    for pid in descendants() {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+fn children_of(pid: Pid) -> Vec<Pid> {
+    let mut children = Vec::new();
+    let dir = format!("/proc/{}/task", pid.as_raw_nonzero());
+    if let Ok(tasks) = std::fs::read_dir(dir) {
+        for task in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+                children.extend(text.split_whitespace().filter_map(parse_pid));
+            }
+        }
+    }
+    children
+}
+
 /// The live children of this process, from `/proc/self/task/*/children` when the kernel has
 /// it, otherwise from the parent field of every `/proc/<pid>/stat`.
-fn direct_children() -> Vec<Pid> {
+pub fn direct_children() -> Vec<Pid> {
     let mut children = Vec::new();
     let mut have_children_files = false;
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {

@@ -1,0 +1,448 @@
+//! What the supervisor does for each authenticated request (docs/commands.md §4.4, §5): start,
+//! status, stdin, signals, cancel, claim renewal and end, listing and the journal query. The
+//! claim tuple of every request is compared exactly with the command's; a mismatch answers
+//! `not_found`, like an unknown id.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::command_link::{self, ReaperPids, now_ms};
+use super::journal::{Admission, CommandEntry, Journal};
+use super::reaper_wire::ToReaper;
+use crate::executor::protocol::{ErrorCode, ExecutorError, MAX_COMMAND_BYTES};
+use crate::executor::supervisor_protocol::{
+    CLAIM_KILL_GRACE, ClaimTuple, CommandView, DEFAULT_CANCEL_GRACE, DEFAULT_WINDOW,
+    MAX_CANCEL_GRACE, MAX_ENV_TOTAL, MAX_ENV_VALUE, MAX_ENV_VARS, MAX_LEASE, MAX_LIST,
+    MAX_STATUS_BYTES, MAX_STDIN_CHUNK, MAX_STDIN_QUEUE, MAX_WINDOW, StartRequest, SupervisorReply,
+    SupervisorRequest, valid_command_id, valid_env_name,
+};
+use crate::helper::reaper::SWEEP_WINDOW;
+use crate::runtime::Runtime;
+
+/// Added to a cancel's grace and the sweep window before a cancel stops waiting.
+const CANCEL_SLACK: Duration = Duration::from_secs(5);
+
+/// The supervisor's state, shared by every connection.
+pub struct Supervisor {
+    /// The helper binary, re-executed as each command's reaper.
+    pub helper: PathBuf,
+    /// The workspace root.
+    pub root: PathBuf,
+    /// This boot's id.
+    pub boot_id: [u8; 16],
+    /// Time and randomness.
+    pub runtime: Runtime,
+    secret: Mutex<Option<[u8; 32]>>,
+    journal: Mutex<Journal>,
+    reapers: ReaperPids,
+    deadlines: Notify,
+}
+
+fn refuse(code: ErrorCode, message: &str) -> SupervisorReply {
+    SupervisorReply::Error(ExecutorError::new(code, message))
+}
+
+fn absent() -> SupervisorReply {
+    refuse(ErrorCode::NotFound, "command not found")
+}
+
+impl Supervisor {
+    /// A fresh, unenrolled supervisor.
+    pub fn new(helper: PathBuf, root: PathBuf, runtime: Runtime) -> Arc<Self> {
+        let mut boot_id = [0u8; 16];
+        runtime.ids.fill(&mut boot_id);
+        Arc::new(Self {
+            helper,
+            root,
+            boot_id,
+            runtime,
+            secret: Mutex::new(None),
+            journal: Mutex::new(Journal::default()),
+            reapers: ReaperPids::default(),
+            deadlines: Notify::new(),
+        })
+    }
+
+    /// The pinned secret, if enrolled.
+    pub fn secret(&self) -> Option<[u8; 32]> {
+        *self.secret.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Pins `secret` on first use; afterwards only the same secret is accepted.
+    pub fn enroll(&self, secret: [u8; 32]) -> bool {
+        use subtle::ConstantTimeEq as _;
+        let mut pinned = self.secret.lock().unwrap_or_else(|e| e.into_inner());
+        match *pinned {
+            None => {
+                *pinned = Some(secret);
+                true
+            }
+            Some(existing) => bool::from(existing.ct_eq(&secret)),
+        }
+    }
+
+    fn journal(&self) -> MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> Instant {
+        self.runtime.clock.monotonic()
+    }
+
+    /// The entry `id` of exactly `claim`, with its deadline ahead.
+    pub fn owned(&self, id: &str, claim: &ClaimTuple) -> Option<Arc<CommandEntry>> {
+        self.journal().owned(id, claim, self.now())
+    }
+
+    /// Answers one unary request (not `enroll` nor `follow`, which the channel handles).
+    pub async fn handle(self: &Arc<Self>, request: SupervisorRequest) -> SupervisorReply {
+        match request {
+            SupervisorRequest::Start(start) => self.start(start).await,
+            SupervisorRequest::Status {
+                command_id,
+                claim,
+                offset,
+                max_bytes,
+            } => match self.owned(&command_id, &claim) {
+                None => absent(),
+                Some(entry) => {
+                    let max = usize::try_from(max_bytes)
+                        .ok()
+                        .filter(|m| *m > 0 && *m <= MAX_STATUS_BYTES)
+                        .unwrap_or(MAX_STATUS_BYTES);
+                    match entry.view(offset, max) {
+                        Some(view) => SupervisorReply::Status(view),
+                        None => refuse(ErrorCode::InvalidArgument, "offset is past the output"),
+                    }
+                }
+            },
+            SupervisorRequest::Stdin {
+                command_id,
+                claim,
+                data,
+                close,
+            } => self.stdin(&command_id, &claim, data, close),
+            SupervisorRequest::Signal {
+                command_id,
+                claim,
+                signal,
+            } => match self.owned(&command_id, &claim) {
+                None => absent(),
+                Some(entry) if !entry.is_running() => {
+                    refuse(ErrorCode::Conflict, "command has ended")
+                }
+                Some(entry) => {
+                    entry.send(ToReaper::Signal { signal });
+                    SupervisorReply::Ok {}
+                }
+            },
+            SupervisorRequest::Resize {
+                command_id, claim, ..
+            } => match self.owned(&command_id, &claim) {
+                None => absent(),
+                Some(_) => refuse(ErrorCode::Conflict, "command has no terminal"),
+            },
+            SupervisorRequest::Cancel {
+                command_id,
+                claim,
+                grace_ms,
+            } => match self.owned(&command_id, &claim) {
+                None => absent(),
+                Some(entry) => {
+                    let grace = grace_of(grace_ms, DEFAULT_CANCEL_GRACE);
+                    cancel(&entry, grace).await;
+                    SupervisorReply::Status(entry.summary())
+                }
+            },
+            SupervisorRequest::Renew { claim, lease_ms } => self.renew(&claim, lease_ms),
+            SupervisorRequest::EndClaim { claim_id, grace_ms } => {
+                let grace = grace_of(grace_ms, CLAIM_KILL_GRACE);
+                SupervisorReply::StatusList {
+                    commands: self.end_claim(&claim_id, grace).await,
+                }
+            }
+            SupervisorRequest::List { claim, limit } => {
+                let limit = usize::try_from(limit)
+                    .ok()
+                    .filter(|l| *l > 0 && *l <= MAX_LIST)
+                    .unwrap_or(MAX_LIST);
+                let journal = self.journal();
+                let live = journal.claim_live(&claim.claim_id, self.now());
+                let commands = journal
+                    .of_claim(&claim.claim_id)
+                    .into_iter()
+                    .filter(|e| live && e.claim == claim)
+                    .take(limit)
+                    .map(|e| e.summary())
+                    .collect();
+                SupervisorReply::StatusList { commands }
+            }
+            SupervisorRequest::Journal { command_id, seal } => SupervisorReply::Journal {
+                entry: self.journal().journal(&command_id, seal),
+            },
+            SupervisorRequest::Enroll { .. } | SupervisorRequest::Follow { .. } => {
+                refuse(ErrorCode::InvalidArgument, "request not valid here")
+            }
+        }
+    }
+
+    async fn start(self: &Arc<Self>, start: StartRequest) -> SupervisorReply {
+        if let Err(message) = validate_start(&start) {
+            return refuse(ErrorCode::InvalidArgument, message);
+        }
+        if start.pty.is_some() {
+            return refuse(
+                ErrorCode::InvalidArgument,
+                "terminal sessions are not supported by this executor",
+            );
+        }
+        let window = match usize::try_from(start.window_bytes) {
+            Ok(0) => DEFAULT_WINDOW,
+            Ok(w) if w <= MAX_WINDOW => w,
+            _ => {
+                return refuse(
+                    ErrorCode::ResourceExhausted,
+                    "output window exceeds its bound",
+                );
+            }
+        };
+        let now = self.now();
+        let (entry, started) = {
+            let mut journal = self.journal();
+            match journal.admit(&start.command_id, &start.claim, window, now) {
+                Admission::Known(entry) => return SupervisorReply::Status(entry.summary()),
+                Admission::Foreign => return absent(),
+                Admission::Used => return refuse(ErrorCode::Conflict, "command id already used"),
+                Admission::TooMany => {
+                    return refuse(ErrorCode::ResourceExhausted, "too many running commands");
+                }
+                Admission::NoRoom => {
+                    return refuse(
+                        ErrorCode::ResourceExhausted,
+                        "command output memory exhausted",
+                    );
+                }
+                Admission::Admit => {}
+            }
+            let launch = match command_link::launch(&self.helper, &self.root, &self.reapers) {
+                Ok(launch) => launch,
+                Err(error) => return SupervisorReply::Error(error),
+            };
+            let entry = Arc::new(CommandEntry::new(
+                start.command_id.clone(),
+                start.claim.clone(),
+                now_ms(&*self.runtime.clock),
+                window,
+                start.stdin,
+                launch.control.clone(),
+            ));
+            entry.send(ToReaper::Start {
+                command: start.command.clone(),
+                env: start.env.clone(),
+                working_dir: start.working_dir.clone(),
+                timeout_ms: start.timeout_ms,
+                stdin: start.stdin,
+            });
+            journal.extend_claim(
+                &start.claim.claim_id,
+                now + Duration::from_millis(start.lease_ms),
+            );
+            journal.insert(entry.clone());
+            let (started_tx, started_rx) = oneshot::channel();
+            command_link::follow(
+                launch,
+                entry.clone(),
+                started_tx,
+                self.reapers.clone(),
+                self.runtime.clock.clone(),
+            );
+            (entry, started_rx)
+        };
+        self.deadlines.notify_one();
+        match started.await {
+            Ok(Ok(())) => SupervisorReply::Status(entry.summary()),
+            Ok(Err(error)) => {
+                self.journal().forget(&entry.id);
+                SupervisorReply::Error(error)
+            }
+            Err(_) => {
+                self.journal().forget(&entry.id);
+                refuse(ErrorCode::Internal, "command could not be started")
+            }
+        }
+    }
+
+    fn stdin(
+        &self,
+        command_id: &str,
+        claim: &ClaimTuple,
+        data: Vec<u8>,
+        close: bool,
+    ) -> SupervisorReply {
+        let Some(entry) = self.owned(command_id, claim) else {
+            return absent();
+        };
+        if data.len() > MAX_STDIN_CHUNK {
+            return refuse(ErrorCode::InvalidArgument, "stdin chunk exceeds its bound");
+        }
+        let (open, fits) = entry.queue_stdin(data.len(), MAX_STDIN_QUEUE);
+        if !open {
+            return refuse(ErrorCode::Conflict, "command stdin is closed");
+        }
+        if !fits {
+            return SupervisorReply::Error(ExecutorError {
+                retryable: true,
+                ..ExecutorError::new(ErrorCode::ResourceExhausted, "command stdin is full")
+            });
+        }
+        let accepted = data.len() as u64;
+        if !data.is_empty() {
+            entry.send(ToReaper::Stdin { data });
+        }
+        if close {
+            entry.send(ToReaper::CloseStdin);
+            entry.close_stdin();
+        }
+        SupervisorReply::Stdin {
+            accepted,
+            open: entry.stdin_open(),
+        }
+    }
+
+    fn renew(&self, claim: &ClaimTuple, lease_ms: u64) -> SupervisorReply {
+        if lease_ms == 0 || Duration::from_millis(lease_ms) > MAX_LEASE {
+            return refuse(ErrorCode::InvalidArgument, "lease is out of range");
+        }
+        let deadline = self.now() + Duration::from_millis(lease_ms);
+        let commands = {
+            let mut journal = self.journal();
+            let owned: Vec<_> = journal
+                .running()
+                .filter(|e| e.claim == *claim)
+                .cloned()
+                .collect();
+            if !owned.is_empty() {
+                journal.extend_claim(&claim.claim_id, deadline);
+            }
+            owned.len() as u64
+        };
+        self.deadlines.notify_one();
+        SupervisorReply::Renewed { commands }
+    }
+
+    /// Ends every command of the claim (SIGTERM, `grace`, SIGKILL, proof), then erases their
+    /// output, keeping tombstones; returns their final views.
+    pub async fn end_claim(&self, claim_id: &str, grace: Duration) -> Vec<CommandView> {
+        let entries = {
+            let mut journal = self.journal();
+            journal.drop_claim(claim_id);
+            journal.of_claim(claim_id)
+        };
+        futures::future::join_all(entries.iter().map(|e| cancel(e, grace))).await;
+        let views: Vec<CommandView> = entries.iter().map(|e| e.summary()).collect();
+        let mut journal = self.journal();
+        for entry in &entries {
+            journal.bury(&entry.id);
+        }
+        views
+    }
+
+    /// Ends every command (the supervisor is stopping).
+    pub async fn end_all(&self, grace: Duration) {
+        let entries = self.journal().all();
+        futures::future::join_all(entries.iter().map(|e| cancel(e, grace))).await;
+    }
+
+    /// Kills the commands of every claim whose deadline passed, forever.
+    pub async fn watch_deadlines(self: Arc<Self>) {
+        loop {
+            let notified = self.deadlines.notified();
+            let next = self.journal().next_deadline();
+            match next {
+                Some((at, _)) if at > self.now() => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = notified => {}
+                    }
+                }
+                Some(_) => {}
+                None => notified.await,
+            }
+            let expired = {
+                let mut journal = self.journal();
+                let expired = journal.expired_claims(self.now());
+                for claim in &expired {
+                    journal.drop_claim(claim);
+                }
+                expired
+            };
+            for claim in expired {
+                let supervisor = self.clone();
+                // Detached so that one slow kill does not hold back the next claim's.
+                tokio::spawn(async move { supervisor.end_claim(&claim, CLAIM_KILL_GRACE).await });
+            }
+        }
+    }
+}
+
+/// Asks the reaper to cancel and waits (bounded) until the entry ended.
+async fn cancel(entry: &CommandEntry, grace: Duration) {
+    if !entry.is_running() {
+        return;
+    }
+    let mut changes = entry.subscribe();
+    if !entry.send(ToReaper::Cancel {
+        grace_ms: grace.as_millis() as u64,
+    }) {
+        return;
+    }
+    let ended = async {
+        while entry.is_running() {
+            if changes.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(grace + SWEEP_WINDOW + CANCEL_SLACK, ended).await;
+}
+
+fn grace_of(grace_ms: u64, default: Duration) -> Duration {
+    if grace_ms == 0 {
+        default
+    } else {
+        Duration::from_millis(grace_ms).min(MAX_CANCEL_GRACE)
+    }
+}
+
+fn validate_start(start: &StartRequest) -> Result<(), &'static str> {
+    if !valid_command_id(&start.command_id) {
+        return Err("command id is not valid");
+    }
+    if start.command.is_empty() || start.command.len() > MAX_COMMAND_BYTES {
+        return Err("command must be 1 byte to 1 MiB");
+    }
+    if start.lease_ms == 0 || Duration::from_millis(start.lease_ms) > MAX_LEASE {
+        return Err("lease is out of range");
+    }
+    if start.env.len() > MAX_ENV_VARS {
+        return Err("too many environment variables");
+    }
+    let mut total = 0;
+    for (name, value) in &start.env {
+        if !valid_env_name(name) || value.len() > MAX_ENV_VALUE || value.contains('\0') {
+            return Err("environment variable is not valid");
+        }
+        total += name.len() + value.len();
+    }
+    if total > MAX_ENV_TOTAL {
+        return Err("environment variables exceed their bound");
+    }
+    if start.working_dir.contains('\0') || start.working_dir.len() > 4096 {
+        return Err("working directory is not valid");
+    }
+    Ok(())
+}
