@@ -7,6 +7,7 @@
 
 pub mod exec_backend;
 pub mod local;
+pub mod local_supervisor;
 pub mod pod_exec;
 pub mod protocol;
 pub mod supervisor_client;

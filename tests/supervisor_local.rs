@@ -1,0 +1,96 @@
+//! `LocalSupervisors`, the `dev` side of the supervisor: one supervisor per environment,
+//! started on demand, enrolled with the key-derived secret, reused by later connections, each
+//! on its own workspace.
+
+use execution_provider::executor::local_supervisor::LocalSupervisors;
+use execution_provider::executor::protocol::CommandState;
+use execution_provider::executor::supervisor_protocol::{
+    ClaimTuple, StartRequest, SupervisorReply, SupervisorRequest,
+};
+
+fn claim() -> ClaimTuple {
+    ClaimTuple {
+        claim_id: "claim".into(),
+        run_id: "run".into(),
+        epoch: 1,
+        grant_generation: 1,
+    }
+}
+
+fn start(id: &str, command: &str) -> SupervisorRequest {
+    SupervisorRequest::Start(StartRequest {
+        command_id: id.into(),
+        claim: claim(),
+        lease_ms: 60_000,
+        command: command.into(),
+        env: Vec::new(),
+        working_dir: String::new(),
+        timeout_ms: 0,
+        stdin: false,
+        pty: None,
+        window_bytes: 0,
+    })
+}
+
+async fn output_of(supervisors: &LocalSupervisors, environment: &str, id: &str) -> Vec<u8> {
+    let mut connection = supervisors.connect(environment).await.unwrap();
+    connection
+        .send(&SupervisorRequest::Follow {
+            command_id: id.into(),
+            claim: claim(),
+            offset: 0,
+        })
+        .await
+        .unwrap();
+    let mut bytes = Vec::new();
+    loop {
+        match connection.next_reply().await.unwrap() {
+            Some(SupervisorReply::Output { chunks, .. }) => {
+                chunks.iter().for_each(|c| bytes.extend_from_slice(&c.data))
+            }
+            Some(SupervisorReply::Status(view)) => {
+                assert_eq!(view.state, CommandState::Succeeded);
+                return bytes;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn each_environment_gets_one_supervisor_on_its_own_workspace_reused_by_later_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let supervisors = LocalSupervisors::new(
+        env!("CARGO_BIN_EXE_execution-helper"),
+        dir.path().join("workspaces"),
+        dir.path().join("supervisors"),
+        b"dev key".to_vec(),
+    );
+    let first = supervisors.connect("exec-a").await.unwrap();
+    let boot = first.hello().boot_id.clone();
+    let again = supervisors.connect("exec-a").await.unwrap();
+    assert_eq!(again.hello().boot_id, boot, "the same supervisor answers");
+    assert!(again.enrolled_with_our_secret());
+    let other = supervisors.connect("exec-b").await.unwrap();
+    assert_ne!(
+        other.hello().boot_id,
+        boot,
+        "another environment has its own"
+    );
+
+    for environment in ["exec-a", "exec-b"] {
+        let mut connection = supervisors.connect(environment).await.unwrap();
+        let reply = connection.call(&start("op-pwd", "pwd")).await.unwrap();
+        assert!(matches!(reply, SupervisorReply::Status(_)), "{reply:?}");
+        let root = dir.path().join("workspaces").join(environment);
+        let expected = format!("{}\n", root.canonicalize().unwrap().display());
+        assert_eq!(
+            output_of(&supervisors, environment, "op-pwd").await,
+            expected.as_bytes()
+        );
+    }
+    let mode = std::fs::metadata(dir.path().join("supervisors")).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(mode.permissions().mode() & 0o777, 0o700);
+    assert!(supervisors.connect("../escape").await.is_err());
+}
