@@ -1,5 +1,7 @@
 //! The gRPC server: the execution service, the standard health service and server
-//! reflection, served over mTLS through the network seam.
+//! reflection (as `grpc.reflection.v1` and `v1alpha`), served over mTLS through the network
+//! seam. Health and reflection answer only authorized identities and hold a limiter slot for
+//! as long as their answer streams ([`guard`]).
 //!
 //! The health service answers SERVING for the execution service and for the whole server
 //! (`""`) exactly while the security authority is ready (api-security §6.5): NOT_SERVING while
@@ -14,6 +16,7 @@
 pub mod connections;
 pub mod convert;
 pub mod file_rules;
+pub mod guard;
 pub mod handlers;
 pub mod limiter;
 pub mod status;
@@ -33,6 +36,7 @@ use crate::runtime::net::Net;
 use crate::runtime::tls::{ConnectionGate, mtls_incoming};
 use crate::security::Security;
 pub use connections::ConnectionBounds;
+use guard::Authorized;
 pub use handlers::ProviderService;
 
 /// Largest gRPC message in either direction.
@@ -79,6 +83,9 @@ pub async fn serve<N: Net>(
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
     let execution = ExecutionServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -92,8 +99,9 @@ pub async fn serve<N: Net>(
         .max_connection_age(MAX_CONNECTION_AGE)
         .max_connection_age_grace(MAX_CONNECTION_AGE_GRACE)
         .add_service(execution)
-        .add_service(health_service)
-        .add_service(reflection)
+        .add_service(Authorized::new(health_service, security.clone()))
+        .add_service(Authorized::new(reflection, security.clone()))
+        .add_service(Authorized::new(reflection_v1alpha, security.clone()))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     tracker.abort();
