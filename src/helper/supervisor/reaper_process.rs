@@ -26,6 +26,9 @@ use crate::helper::command::{COMMAND_PATH, COMMAND_TMPDIR, PIPE_DRAIN_DELAY, SHE
 use crate::helper::reaper::{self, SWEEP_WINDOW};
 use crate::helper::workspace::Workspace;
 
+/// Frames queued towards the supervisor.
+const UP_FRAMES: usize = 64;
+
 /// The reaper process: returns its exit code.
 pub fn main(root: PathBuf, parent: i32) -> ExitCode {
     super::harden();
@@ -54,7 +57,8 @@ async fn run(root: &Path, subreaper: bool) -> LinkResult<()> {
     let link = std::os::unix::net::UnixStream::from(std::io::stdin().as_fd_owned()?);
     link.set_nonblocking(true)?;
     let (mut link_in, link_out) = tokio::net::UnixStream::from_std(link)?.into_split();
-    let (up, up_rx) = mpsc::unbounded_channel::<FromReaper>();
+    // Bounded: a supervisor that reads slowly slows the command's output, never grows memory.
+    let (up, up_rx) = mpsc::channel::<FromReaper>(UP_FRAMES);
     let writer = tokio::spawn(write_up(link_out, up_rx));
 
     let Some(frame) = read_frame(&mut link_in, MAX_REAPER_FRAME).await? else {
@@ -73,7 +77,7 @@ async fn run(root: &Path, subreaper: bool) -> LinkResult<()> {
     let mut child = match spawn_shell(root, &command, &env, &working_dir, stdin) {
         Ok(child) => child,
         Err(error) => {
-            let _ = up.send(FromReaper::Refused { error });
+            let _ = up.send(FromReaper::Refused { error }).await;
             drop(up);
             let _ = writer.await;
             return Ok(());
@@ -83,7 +87,7 @@ async fn run(root: &Path, subreaper: bool) -> LinkResult<()> {
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .and_then(Pid::from_raw);
-    let _ = up.send(FromReaper::Started);
+    let _ = up.send(FromReaper::Started).await;
     let pumps = [
         tokio::spawn(pump(child.stdout.take(), OutputStream::Stdout, up.clone())),
         tokio::spawn(pump(child.stderr.take(), OutputStream::Stderr, up.clone())),
@@ -105,11 +109,13 @@ async fn run(root: &Path, subreaper: bool) -> LinkResult<()> {
     })
     .await
     .is_ok();
-    let _ = up.send(FromReaper::Ended {
-        exit_code: if drained { exit_code } else { -1 },
-        interrupted,
-        proven: proven && drained,
-    });
+    let _ = up
+        .send(FromReaper::Ended {
+            exit_code: if drained { exit_code } else { -1 },
+            interrupted,
+            proven: proven && drained,
+        })
+        .await;
     drop(up);
     let _ = writer.await;
     Ok(())
@@ -249,7 +255,7 @@ pub fn to_signal(signal: CommandSignal) -> Signal {
 async fn feed_stdin(
     pipe: Option<ChildStdin>,
     mut requests: mpsc::UnboundedReceiver<Option<Vec<u8>>>,
-    up: mpsc::UnboundedSender<FromReaper>,
+    up: mpsc::Sender<FromReaper>,
 ) {
     let Some(mut pipe) = pipe else {
         return;
@@ -258,18 +264,20 @@ async fn feed_stdin(
         if pipe.write_all(&data).await.is_err() || pipe.flush().await.is_err() {
             break;
         }
-        let _ = up.send(FromReaper::StdinWritten {
-            bytes: data.len() as u64,
-        });
+        let _ = up
+            .send(FromReaper::StdinWritten {
+                bytes: data.len() as u64,
+            })
+            .await;
     }
     drop(pipe);
-    let _ = up.send(FromReaper::StdinClosed);
+    let _ = up.send(FromReaper::StdinClosed).await;
 }
 
 async fn pump(
     pipe: Option<impl AsyncRead + Unpin>,
     stream: OutputStream,
-    up: mpsc::UnboundedSender<FromReaper>,
+    up: mpsc::Sender<FromReaper>,
 ) {
     let Some(mut pipe) = pipe else {
         return;
@@ -280,7 +288,7 @@ async fn pump(
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 let data = buffer[..n].to_vec();
-                if up.send(FromReaper::Output { stream, data }).is_err() {
+                if up.send(FromReaper::Output { stream, data }).await.is_err() {
                     break;
                 }
             }
@@ -288,7 +296,7 @@ async fn pump(
     }
 }
 
-async fn write_up(mut link_out: OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<FromReaper>) {
+async fn write_up(mut link_out: OwnedWriteHalf, mut frames: mpsc::Receiver<FromReaper>) {
     while let Some(frame) = frames.recv().await {
         let body = serde_json::to_vec(&frame).expect("reaper frames encode");
         if write_frame(&mut link_out, &[&body]).await.is_err() {
