@@ -29,7 +29,7 @@ impl LocalFixture {
     fn new() -> Self {
         let workspaces = tempfile::tempdir().expect("a temporary directory");
         let transport =
-            LocalTransport::new(env!("CARGO_BIN_EXE_execution-helper"), workspaces.path());
+            LocalTransport::unisolated(env!("CARGO_BIN_EXE_execution-helper"), workspaces.path());
         let root = transport.workspace_of(ENVIRONMENT).expect("a plain name");
         std::fs::create_dir(&root).expect("the workspace directory");
         let root = std::fs::canonicalize(&root).expect("a canonical root");
@@ -132,7 +132,7 @@ fn the_helper_is_found_beside_the_test_binary() {
 #[tokio::test]
 async fn the_helper_creates_a_missing_workspace_root() {
     let workspaces = tempfile::tempdir().unwrap();
-    let transport = LocalTransport::new(env!("CARGO_BIN_EXE_execution-helper"), workspaces.path());
+    let transport = LocalTransport::unisolated(env!("CARGO_BIN_EXE_execution-helper"), workspaces.path());
     let target = ExecutorTarget {
         namespace: "execution".into(),
         pod_name: "executor-new".into(),

@@ -55,7 +55,16 @@ pub struct DevArgs {
     /// Bounds on connections and TLS handshakes of the gRPC port.
     #[command(flatten)]
     pub connections: ConnectionBounds,
+    /// Run commands and file operations without any isolation: as this process's user, with
+    /// the whole host's files (the state directory's keys included), network and processes
+    /// in reach. Without it `dev` refuses to start where it cannot isolate environments.
+    #[arg(long)]
+    pub unsafe_no_isolation: bool,
 }
+
+/// What `dev` prints on every start without isolation.
+pub const UNISOLATED_WARNING: &str = "WARNING: --unsafe-no-isolation: commands and file operations run as this process's user, \
+with the host's file system, network and processes in reach; anything a command runs can read the state directory's keys";
 
 fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     text.parse()
@@ -136,7 +145,21 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
         None => LocalTransport::helper_beside_current_exe()
             .context("cannot find execution-helper beside this program; pass --helper PATH")?,
     };
-    let executor = Arc::new(LocalTransport::new(helper, state.workspaces_dir()));
+    let executor = if args.unsafe_no_isolation {
+        eprintln!("{UNISOLATED_WARNING}");
+        tracing::warn!("{UNISOLATED_WARNING}");
+        LocalTransport::unisolated(helper, state.workspaces_dir())
+    } else {
+        let isolated = LocalTransport::new(helper, state.workspaces_dir());
+        isolated.check_isolation().await.map_err(|e| {
+            anyhow::anyhow!(
+                "dev cannot isolate environments on this machine ({e}); see docs/sandbox.md for what it needs, \
+or pass --unsafe-no-isolation to run commands with no isolation at all"
+            )
+        })?;
+        isolated
+    };
+    let executor = Arc::new(executor);
     let listener = TokioNet
         .bind(args.listen)
         .await

@@ -5,6 +5,11 @@
 //! and held open for `command.start`), stdout captured up to 8 MiB and stderr up to 64 KiB,
 //! strict envelope decoding, and a deadline. The workspace root is chosen here, by the
 //! launcher, and never by the request.
+//!
+//! With [`Isolation::Sandbox`] (what `dev` uses unless `--unsafe-no-isolation`) each helper
+//! call runs in a sandbox of its environment ([`crate::sandbox`]) that sees the workspace at
+//! `/workspace`. For now that is one sandbox per call; the target is one per environment,
+//! whose init is the executor supervisor (docs/sandbox.md).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -12,6 +17,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
+
+use crate::sandbox::{self, Limits, Network, SandboxSpec};
 
 use super::protocol::{
     ExecutorEnvelope, ExecutorRequest, MAX_JSON_BODY, Operation, command_timeout,
@@ -32,21 +39,108 @@ pub const COMMAND_DEADLINE_GRACE: Duration = Duration::from_secs(60);
 /// How long an abandoned helper gets to clean up after its stdin closes before it is killed.
 pub const ABANDONED_HELPER_GRACE: Duration = Duration::from_secs(5);
 
-/// Runs `execution-helper` locally with `--workspace <workspaces>/<environment>`.
+/// The scratch workspace of [`LocalTransport::check_isolation`] (no environment name starts
+/// with a dot).
+pub const ISOLATION_CHECK_WORKSPACE: &str = ".isolation-check";
+
+/// Whether the helper runs in a sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Isolation {
+    /// In a sandbox of the environment, with these bounds.
+    Sandbox(SandboxPolicy),
+    /// As a plain child process with the provider's own privileges: `dev
+    /// --unsafe-no-isolation`, and the tests of the helper's own confinement.
+    None,
+}
+
+/// What every sandbox of this transport gets besides its workspace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SandboxPolicy {
+    /// Its network.
+    pub network: Network,
+    /// Its bounds.
+    pub limits: Limits,
+    /// Host paths it must never see (the provider's state directory).
+    pub hidden: Vec<PathBuf>,
+}
+
+/// Runs `execution-helper` locally on `<workspaces>/<environment>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalTransport {
     /// The helper binary.
     pub helper: PathBuf,
     /// The directory holding one workspace directory per environment.
     pub workspaces: PathBuf,
+    /// Sandboxed or not.
+    pub isolation: Isolation,
 }
 
 impl LocalTransport {
-    /// A transport running `helper` on workspaces under `workspaces`.
+    /// A transport running `helper` in a sandbox per environment on workspaces under
+    /// `workspaces`, hiding `workspaces` and its parent directory from every sandbox.
     pub fn new(helper: impl Into<PathBuf>, workspaces: impl Into<PathBuf>) -> Self {
+        let workspaces = workspaces.into();
+        let hidden = [Some(workspaces.as_path()), workspaces.parent()]
+            .into_iter()
+            .flatten()
+            .filter(|p| !p.as_os_str().is_empty() && *p != Path::new("/"))
+            .map(Path::to_path_buf)
+            .collect();
         Self {
             helper: helper.into(),
-            workspaces: workspaces.into(),
+            workspaces,
+            isolation: Isolation::Sandbox(SandboxPolicy {
+                hidden,
+                ..SandboxPolicy::default()
+            }),
+        }
+    }
+
+    /// A transport running `helper` with no isolation at all.
+    pub fn unisolated(helper: impl Into<PathBuf>, workspaces: impl Into<PathBuf>) -> Self {
+        Self {
+            isolation: Isolation::None,
+            ..Self::new(helper, workspaces)
+        }
+    }
+
+    /// Runs one file operation in a sandbox over a scratch workspace, so that `dev` refuses to
+    /// start (rather than fail every call) where the kernel cannot isolate.
+    pub async fn check_isolation(&self) -> Result<(), TransportError> {
+        let target = ExecutorTarget {
+            namespace: String::new(),
+            pod_name: String::new(),
+            environment: ISOLATION_CHECK_WORKSPACE.to_owned(),
+        };
+        let request = ExecutorRequest::new(Operation::FileStat);
+        let answer = self.run(&target, request, CancelSignal::never()).await;
+        let _ = std::fs::remove_dir(self.workspaces.join(ISOLATION_CHECK_WORKSPACE));
+        match answer?.response {
+            Some(_) => Ok(()),
+            None => Err(TransportError::stream(
+                "the isolation check was refused by the helper",
+            )),
+        }
+    }
+
+    /// The launch of the helper for `environment` on `workspace`.
+    fn helper_command(&self, environment: &str, workspace: &Path) -> Command {
+        match &self.isolation {
+            Isolation::None => {
+                let mut command = Command::new(&self.helper);
+                command.arg("--workspace").arg(workspace);
+                command
+            }
+            Isolation::Sandbox(policy) => {
+                let spec = SandboxSpec {
+                    network: policy.network.clone(),
+                    limits: policy.limits.clone(),
+                    hidden: policy.hidden.clone(),
+                    ..SandboxSpec::new(workspace, environment)
+                };
+                let inner = ["--workspace".into(), sandbox::WORKSPACE_PATH.into()];
+                Command::from(sandbox::command(&self.helper, &spec, &inner))
+            }
         }
     }
 
@@ -102,7 +196,8 @@ impl LocalTransport {
         } else {
             FILE_OPERATION_DEADLINE
         };
-        let mut helper = HelperProcess::spawn(&self.helper, &workspace)?;
+        let command = self.helper_command(&target.environment, &workspace);
+        let mut helper = HelperProcess::spawn(command, &self.helper)?;
         let exchange = helper.exchange(body, is_command, cancel);
         let stdout = tokio::time::timeout(deadline, exchange)
             .await
@@ -130,10 +225,8 @@ struct HelperProcess {
 }
 
 impl HelperProcess {
-    fn spawn(helper: &Path, workspace: &Path) -> Result<Self, TransportError> {
-        let child = Command::new(helper)
-            .arg("--workspace")
-            .arg(workspace)
+    fn spawn(mut command: Command, helper: &Path) -> Result<Self, TransportError> {
+        let child = command
             .env_clear()
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -192,15 +285,18 @@ impl HelperProcess {
         };
         // Closes stdin if the helper answered while it was still held open.
         drop(feeding);
-        let (stdout, _stderr) = outputs?;
+        let (stdout, stderr) = outputs?;
         let status = child
             .wait()
             .await
             .map_err(|e| TransportError::stream(format!("waiting for the helper: {e}")))?;
         self.child = None;
         if !status.success() {
+            let said = String::from_utf8_lossy(&stderr);
+            let said = said.lines().last().unwrap_or("").trim();
+            tracing::warn!(%status, stderr = said, "the executor helper failed");
             return Err(TransportError::stream(format!(
-                "helper exited with {status}"
+                "helper exited with {status}: {said}"
             )));
         }
         Ok(stdout)

@@ -34,6 +34,7 @@ pub async fn start_dev(state_dir: &Path) -> DevProvider {
         helper: Some(helper_binary()),
         limits: Default::default(),
         connections: Default::default(),
+        unsafe_no_isolation: false,
     };
     execution_provider::cli::dev::start(&args)
         .await

@@ -57,6 +57,7 @@ pub async fn start_dev_with(
         helper: Some(helper_binary()),
         limits,
         connections: Default::default(),
+        unsafe_no_isolation: false,
     };
     let runtime = Runtime {
         clock,

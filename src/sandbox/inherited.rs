@@ -1,0 +1,44 @@
+//! Descriptors one sandbox stage leaves open across `execve` for the next one.
+//!
+//! The stages are separate processes (each a fresh `execve` of the same program), so the only
+//! way to hand a pipe or the workspace directory down is an inherited descriptor whose number
+//! travels in the handoff. Taking ownership of such a number is the one `unsafe` operation of
+//! the crate; it is confined here and checked.
+#![allow(unsafe_code)]
+
+use std::os::fd::{FromRawFd as _, OwnedFd};
+
+use super::SetupError;
+
+/// Takes ownership of descriptor `raw`, which the previous stage left open for this one.
+pub fn take(raw: i32, what: &str) -> Result<OwnedFd, SetupError> {
+    // Standard streams are std's; anything else must be open in this process.
+    if raw <= 2 || std::fs::symlink_metadata(format!("/proc/self/fd/{raw}")).is_err() {
+        return Err(SetupError::new(
+            what,
+            format!("descriptor {raw} was not handed down"),
+        ));
+    }
+    // SAFETY: `raw` is open (checked above) and above the standard streams. This process was
+    // just started by `execve`, which keeps no Rust owner of any inherited descriptor, and the
+    // stage takes each handed-down number exactly once, so no other `OwnedFd` owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Closes every descriptor above the standard streams: the host stage starts with nothing
+/// but what the launcher meant to give (a stray descriptor would reach the workload).
+pub fn close_strays() {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let numbers: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    // The directory's own descriptor is closed by now; `take` skips numbers no longer open.
+    for raw in numbers {
+        if let Ok(fd) = take(raw, "a stray descriptor") {
+            drop(fd);
+        }
+    }
+}
