@@ -136,7 +136,7 @@ fn write_id_maps(pid: u32, ids: SandboxIds) -> Result<(), SetupError> {
 /// The inner stages' mount namespace starts as a copy of this one.
 fn prepare_workspace(path: &Path, ids: SandboxIds) -> Result<PathBuf, SetupError> {
     use std::os::unix::fs::DirBuilderExt as _;
-    match std::fs::DirBuilder::new().mode(0o755).create(path) {
+    match std::fs::DirBuilder::new().recursive(true).mode(0o755).create(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(SetupError::new("creating the workspace", e)),
