@@ -132,7 +132,8 @@ fn the_helper_is_found_beside_the_test_binary() {
 #[tokio::test]
 async fn the_helper_creates_a_missing_workspace_root() {
     let workspaces = tempfile::tempdir().unwrap();
-    let transport = LocalTransport::unisolated(env!("CARGO_BIN_EXE_execution-helper"), workspaces.path());
+    let transport =
+        LocalTransport::unisolated(env!("CARGO_BIN_EXE_execution-helper"), workspaces.path());
     let target = ExecutorTarget {
         namespace: "execution".into(),
         pod_name: "executor-new".into(),

@@ -34,7 +34,10 @@ impl Sandbox {
         std::fs::write(temp.path().join("outside/secret.txt"), b"SECRET\n").unwrap();
         Self {
             root: std::fs::canonicalize(&root).unwrap(),
-            transport: LocalTransport::unisolated(env!("CARGO_BIN_EXE_execution-helper"), workspaces),
+            transport: LocalTransport::unisolated(
+                env!("CARGO_BIN_EXE_execution-helper"),
+                workspaces,
+            ),
             target: ExecutorTarget {
                 namespace: "execution".into(),
                 pod_name: "executor-escape".into(),

@@ -39,8 +39,11 @@ impl PidsCgroup {
         std::fs::create_dir(&dir).step("creating the pids cgroup")?;
         let cgroup = PidsCgroup { dir, parent: own };
         std::fs::write(cgroup.dir.join("pids.max"), max.to_string()).step("setting pids.max")?;
-        std::fs::write(cgroup.dir.join("cgroup.procs"), std::process::id().to_string())
-            .step("joining the pids cgroup")?;
+        std::fs::write(
+            cgroup.dir.join("cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .step("joining the pids cgroup")?;
         Ok(Some(cgroup))
     }
 
@@ -142,7 +145,10 @@ mod tests {
     fn the_own_path_is_read_from_the_matching_controller_line() {
         let cgroups = "9:name=systemd:/\n8:pids:/user.slice\n4:memory:/x\n0::/session.scope\n";
         assert_eq!(cgroup_path(cgroups, false).as_deref(), Some("/user.slice"));
-        assert_eq!(cgroup_path(cgroups, true).as_deref(), Some("/session.scope"));
+        assert_eq!(
+            cgroup_path(cgroups, true).as_deref(),
+            Some("/session.scope")
+        );
         assert_eq!(cgroup_path("4:memory:/x\n", false), None);
     }
 }

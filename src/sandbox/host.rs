@@ -90,12 +90,20 @@ fn run_in_cgroup(
         pids_cgroup,
     };
     let mut child = std::process::Command::new("/proc/self/exe")
-        .args(stage_args(Stage::UserNamespace, spec, Some(&handoff), inner))
+        .args(stage_args(
+            Stage::UserNamespace,
+            spec,
+            Some(&handoff),
+            inner,
+        ))
         .spawn()
         .step("starting the user-namespace stage")?;
     drop((unshared_write, mapped_read));
     let mut byte = [0u8; 1];
-    let unshared = std::fs::File::from(unshared_read).read(&mut byte).unwrap_or(0) == 1;
+    let unshared = std::fs::File::from(unshared_read)
+        .read(&mut byte)
+        .unwrap_or(0)
+        == 1;
     if unshared {
         let mapped = write_id_maps(child.id(), ids);
         if let Err(error) = mapped {
@@ -136,7 +144,11 @@ fn write_id_maps(pid: u32, ids: SandboxIds) -> Result<(), SetupError> {
 /// The inner stages' mount namespace starts as a copy of this one.
 fn prepare_workspace(path: &Path, ids: SandboxIds) -> Result<PathBuf, SetupError> {
     use std::os::unix::fs::DirBuilderExt as _;
-    match std::fs::DirBuilder::new().recursive(true).mode(0o755).create(path) {
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(path)
+    {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(SetupError::new("creating the workspace", e)),
@@ -147,8 +159,11 @@ fn prepare_workspace(path: &Path, ids: SandboxIds) -> Result<PathBuf, SetupError
     }
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
         .step("creating the host stage's mount namespace")?;
-    rustix::mount::mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
-        .step("making the mounts private")?;
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .step("making the mounts private")?;
     let workspace = open_directory(path)?;
     let owner = rustix::fs::fstat(&workspace).step("opening the workspace")?;
     if (owner.st_uid, owner.st_gid) != (ids.uid, ids.gid) {

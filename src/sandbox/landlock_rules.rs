@@ -69,11 +69,9 @@ pub fn restrict(network: &Network) -> Result<(), SetupError> {
     let ruleset = match network {
         Network::None => ruleset,
         Network::HostExceptPorts(refused) => ruleset
-            .add_rules(
-                allowed_connect_ports(refused).map(|port| {
-                    Ok::<_, landlock::RulesetError>(NetPort::new(port, AccessNet::ConnectTcp))
-                }),
-            )
+            .add_rules(allowed_connect_ports(refused).map(|port| {
+                Ok::<_, landlock::RulesetError>(NetPort::new(port, AccessNet::ConnectTcp))
+            }))
             .step(step)?,
     };
     let status = ruleset.restrict_self().step(step)?;

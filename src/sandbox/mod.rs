@@ -257,7 +257,10 @@ fn run_stage(args: Vec<OsString>) -> Result<Entered, SetupError> {
     if args.next().as_deref() != Some(OsStr::new(STAGE_FLAG)) {
         return Err(usage());
     }
-    let stage = args.next().and_then(|s| Stage::parse(&s)).ok_or_else(usage)?;
+    let stage = args
+        .next()
+        .and_then(|s| Stage::parse(&s))
+        .ok_or_else(usage)?;
     let spec: SandboxSpec = decode(args.next(), "spec")?;
     let handoff = match stage {
         Stage::Host => None,

@@ -72,13 +72,8 @@ pub fn namespace_flags(network: &Network) -> CloneFlags {
 }
 
 /// Tells stage 1 the user namespace exists and waits until it has written the id maps.
-fn await_id_maps(
-    mut unshared: std::fs::File,
-    mut mapped: std::fs::File,
-) -> Result<(), SetupError> {
-    unshared
-        .write_all(b"u")
-        .step("signalling the host stage")?;
+fn await_id_maps(mut unshared: std::fs::File, mut mapped: std::fs::File) -> Result<(), SetupError> {
+    unshared.write_all(b"u").step("signalling the host stage")?;
     drop(unshared);
     let mut byte = [0u8; 1];
     match mapped.read(&mut byte) {

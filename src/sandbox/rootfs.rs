@@ -81,8 +81,11 @@ const EMPTY_FILE: &str = ".masked";
 pub fn build(spec: &SandboxSpec, handoff: &Handoff) -> Result<(), SetupError> {
     // Opened before the staging tmpfs hides the host stage's /tmp.
     let workspace = open_directory(&handoff.workspace)?;
-    rustix::mount::mount_change("/", MountPropagationFlags::REC | MountPropagationFlags::PRIVATE)
-        .step("making the mounts private")?;
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .step("making the mounts private")?;
     let root = Path::new(STAGING);
     rustix::mount::mount(
         "tmpfs",
@@ -100,7 +103,10 @@ pub fn build(spec: &SandboxSpec, handoff: &Handoff) -> Result<(), SetupError> {
 
     let inside = root.join(WORKSPACE_PATH.trim_start_matches('/'));
     make_dir(&inside)?;
-    let source = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&workspace));
+    let source = format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&workspace)
+    );
     rustix::mount::mount_bind(source.as_str(), &inside).step("mounting the workspace")?;
     remount_bind(&inside, &source, MountFlags::NOSUID | MountFlags::NODEV)?;
     drop(workspace);
@@ -177,15 +183,22 @@ fn mask(root: &Path, path: &Path) -> Result<(), SetupError> {
         Ok(())
     } else {
         let empty = root.join(EMPTY_FILE);
-        rustix::mount::mount_bind(&empty, path)
-            .step(&format!("masking {}", path.display()))?;
-        remount_bind(path, &empty, MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV)
+        rustix::mount::mount_bind(&empty, path).step(&format!("masking {}", path.display()))?;
+        remount_bind(
+            path,
+            &empty,
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+        )
     }
 }
 
 fn build_dev(dev: &Path) -> Result<(), SetupError> {
     make_dir(dev)?;
-    mount_tmpfs(dev, MountFlags::NOSUID | MountFlags::NOEXEC, "mode=0755,size=64k")?;
+    mount_tmpfs(
+        dev,
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+        "mode=0755,size=64k",
+    )?;
     for name in DEVICES {
         let node = dev.join(name);
         std::fs::write(&node, b"").step("creating a device mount point")?;
@@ -283,8 +296,7 @@ fn mount_tmpfs(path: &Path, flags: MountFlags, options: &str) -> Result<(), Setu
 
 /// Binds `source` at `target` and makes the bind read-only, nosuid and nodev.
 fn bind_read_only(source: &Path, target: &Path) -> Result<(), SetupError> {
-    rustix::mount::mount_bind(source, target)
-        .step(&format!("binding {}", source.display()))?;
+    rustix::mount::mount_bind(source, target).step(&format!("binding {}", source.display()))?;
     remount_bind(
         target,
         source,
@@ -294,7 +306,11 @@ fn bind_read_only(source: &Path, target: &Path) -> Result<(), SetupError> {
 
 /// Remounts the bind at `target` with `flags` plus the flags of `source`'s mount, which a
 /// user namespace may not clear (they are locked when they come from a more privileged one).
-fn remount_bind(target: &Path, source: impl AsRef<Path>, flags: MountFlags) -> Result<(), SetupError> {
+fn remount_bind(
+    target: &Path,
+    source: impl AsRef<Path>,
+    flags: MountFlags,
+) -> Result<(), SetupError> {
     let kept = rustix::fs::statvfs(source.as_ref())
         .map(|s| locked_flags(s.f_flag))
         .unwrap_or(MountFlags::empty());
