@@ -48,6 +48,7 @@ impl Environment {
             listen: "127.0.0.1:0".parse().unwrap(),
             helper: Some(helper_binary()),
             limits: Default::default(),
+            connections: Default::default(),
             unsafe_no_isolation: !isolated,
         };
         let dev = execution_provider::cli::dev::start(&args)

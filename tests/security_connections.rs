@@ -76,6 +76,7 @@ async fn start(state: &Path, helper: PathBuf, connections: ConnectionBounds) -> 
         helper: Some(helper),
         limits: Default::default(),
         connections,
+        unsafe_no_isolation: false,
     };
     execution_provider::cli::dev::start(&args)
         .await
