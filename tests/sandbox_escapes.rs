@@ -46,6 +46,7 @@ impl Environment {
         let args = DevArgs {
             state_dir: tmp.path().to_owned(),
             listen: "127.0.0.1:0".parse().unwrap(),
+            kube_listen: "127.0.0.1:0".parse().unwrap(),
             helper: Some(helper_binary()),
             limits: Default::default(),
             connections: Default::default(),
@@ -118,10 +119,11 @@ async fn run_in(
 }
 
 /// The state directory's three private keys, relative to the workspace as `dev` lays it out.
-const KEYS: [&str; 3] = [
+const KEYS: [&str; 4] = [
     "../../pki/ca.key",
     "../../security/grant.key",
     "../../client/client.key",
+    "../../kubeconfig",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,11 +139,14 @@ async fn the_state_directory_keys_cannot_be_read_by_relative_or_host_path() {
         for path in [key.to_owned(), on_host.display().to_string()] {
             let ran = env.run(&format!("cat '{path}'")).await;
             assert!(!ran.succeeded(), "{path} was read: {ran:?}");
-            assert!(!ran.stdout.contains("PRIVATE KEY"), "{path}: {ran:?}");
+            assert!(
+                !ran.stdout.contains("PRIVATE KEY") && ran.stdout.is_empty(),
+                "{path}: {ran:?}"
+            );
         }
     }
     let ran = env
-        .run("find / \\( -path /proc -o -path /usr \\) -prune -o \\( -name ca.key -o -name grant.key -o -name client.key \\) -print")
+        .run("find / \\( -path /proc -o -path /usr \\) -prune -o \\( -name ca.key -o -name grant.key -o -name client.key -o -name kubeconfig \\) -print")
         .await;
     assert_eq!(ran.stdout, "", "no key file anywhere in view: {ran:?}");
     env.dev.stop().await.unwrap();
@@ -253,11 +258,15 @@ async fn another_environments_workspace_is_unreachable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_provider_port_and_other_loopback_services_are_unreachable() {
+async fn the_provider_ports_and_other_loopback_services_are_unreachable() {
     let env = Environment::start(true).await;
     let service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     service.set_nonblocking(true).unwrap();
-    let ports = [env.dev.addr.port(), service.local_addr().unwrap().port()];
+    let ports = [
+        env.dev.addr.port(),
+        env.dev.kubectl.addr.port(),
+        service.local_addr().unwrap().port(),
+    ];
     for port in ports {
         let ran = env
             .run(&format!(
