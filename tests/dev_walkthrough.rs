@@ -35,6 +35,7 @@ async fn a_client_ensures_claims_runs_a_command_and_reads_the_file_it_wrote() {
             context: Some(context("walkthrough", &claim)),
             command: "printf 'hello from the sandbox\\n' > greeting.txt && echo done".into(),
             timeout_millis: 10_000,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -105,6 +105,7 @@ async fn run_in(
             context: Some(context(binding, claim)),
             command: command.into(),
             timeout_millis: 30_000,
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|status| panic!("{command}: {status}"))

@@ -150,6 +150,7 @@ async fn peer_withdrawal_while_a_command_runs_ends_it_fence_unknown_and_persists
         context: Some(context("b1", &claim)),
         command: "touch started && sleep 2".into(),
         timeout_millis: 0,
+        ..Default::default()
     };
     let running = {
         let mut client = client.clone();
@@ -201,6 +202,7 @@ async fn client_ca_removal_while_a_command_runs_ends_it_fence_unknown() {
         context: Some(context("b1", &claim)),
         command: "touch started && sleep 2".into(),
         timeout_millis: 0,
+        ..Default::default()
     };
     let running = {
         let mut client = client.clone();

@@ -35,6 +35,7 @@ async fn answers(client: &mut Client, ctx: &pb::RequestContext) -> [(Code, Strin
             context: Some(ctx.clone()),
             command_id: "cmd".into(),
             offset: 0,
+            ..Default::default()
         })
         .await;
     let code = |status: tonic::Status| {

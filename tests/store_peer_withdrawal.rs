@@ -32,6 +32,7 @@ async fn withdrawing_the_template_from_the_callers_policy_mid_command_cancels_it
         context: Some(context("withdrawn", &claim)),
         command: "sleep 60; echo finished".into(),
         timeout_millis: 120_000,
+        ..Default::default()
     };
     let command = tokio::spawn(async move { runner.start_command(request).await });
 

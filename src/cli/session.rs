@@ -281,6 +281,7 @@ impl Session {
             context: Some(self.context(claim)),
             command,
             timeout_millis: millis(timeout),
+            ..Default::default()
         };
         Ok(self
             .client

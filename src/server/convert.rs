@@ -151,6 +151,7 @@ pub fn command_status(c: &helper::CommandStatus) -> pb::CommandStatusResponse {
         next_offset: c.next_offset,
         truncated: c.truncated,
         terminal_receipt: c.terminal_receipt.clone(),
+        ..Default::default()
     }
 }
 

@@ -54,6 +54,7 @@ pub async fn run(
             context: Some(context(binding, claim)),
             command: command.into(),
             timeout_millis: 20_000,
+            ..Default::default()
         })
         .await
         .expect("the command runs")

@@ -422,6 +422,7 @@ impl Session {
             context: Some(self.context(binding, &claim)),
             command: command.clone(),
             timeout_millis: 10_000,
+            ..Default::default()
         };
         let sent_ms = now_ms();
         let result = self.client().start_command(request).await;

@@ -77,6 +77,14 @@ impl ProviderService {
         let policy = self.peer_policy(&request, &client);
         let claim = self.store.validate_run_claim_under(&caller, &rc, policy);
         let claim = claim.await?;
+        if !super::commands::start_options_well_formed(r) {
+            return Err(refuse(ErrorCode::InvalidArgument));
+        }
+        if super::commands::needs_supervisor(r) {
+            // Detached, interactive or customised starts need the supervisor; refusing them
+            // here (nothing written, nothing run) keeps a detach from running in the foreground.
+            return Err(refuse(ErrorCode::Unimplemented));
+        }
         let command_id = self.store.new_command_id();
         let mut helper_request = ExecutorRequest::command(command_id.clone(), r.command.clone());
         helper_request.timeout_ms = r.timeout_millis;
@@ -130,7 +138,11 @@ impl ProviderService {
     }
 
     /// The store's policy check for this call.
-    fn peer_policy<T>(&self, request: &Request<T>, client: &Client) -> SharedPolicyCheck {
+    pub(super) fn peer_policy<T>(
+        &self,
+        request: &Request<T>,
+        client: &Client,
+    ) -> SharedPolicyCheck {
         Arc::new(PeerPolicy {
             security: self.security.clone(),
             certs: request.peer_certs(),

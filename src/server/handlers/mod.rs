@@ -3,13 +3,15 @@
 //!
 //! The service trait is implemented here once, delegating each RPC to a `handle_*` method in
 //! the file of its group: [`catalog`], [`allocation`], [`claims`], [`references`], [`admin`],
-//! [`describe`] and [`data_plane`]; [`auth`] holds the authentication and shape checks they share.
+//! [`describe`], [`data_plane`] and [`commands`]; [`auth`] holds the authentication and shape
+//! checks they share.
 
 mod admin;
 mod allocation;
 mod auth;
 mod catalog;
 mod claims;
+mod commands;
 mod data_plane;
 mod describe;
 mod references;
@@ -91,5 +93,35 @@ impl ExecutionProviderService for ProviderService {
         start_command => handle_start_command(pb::CommandStartRequest) -> pb::CommandStartResponse;
         command_status => handle_command_status(pb::CommandQueryRequest) -> pb::CommandStatusResponse;
         cancel_command => handle_cancel_command(pb::CommandQueryRequest) -> pb::CommandStatusResponse;
+        write_command_stdin => handle_write_command_stdin(pb::CommandStdinRequest) -> pb::CommandStdinResponse;
+        signal_command => handle_signal_command(pb::CommandSignalRequest) -> pb::CommandStatusResponse;
+        resize_command => handle_resize_command(pb::CommandResizeRequest) -> ();
+        list_commands => handle_list_commands(pb::ListCommandsRequest) -> pb::ListCommandsResponse;
+    }
+
+    type FollowCommandStream = commands::OutputEvents;
+
+    fn follow_command<'life0, 'async_trait>(
+        &'life0 self,
+        request: Request<pb::CommandQueryRequest>,
+    ) -> RpcFuture<'async_trait, Self::FollowCommandStream>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(self.handle_follow_command(request))
+    }
+
+    type AttachCommandStream = commands::OutputEvents;
+
+    fn attach_command<'life0, 'async_trait>(
+        &'life0 self,
+        request: Request<tonic::Streaming<pb::CommandAttachInput>>,
+    ) -> RpcFuture<'async_trait, Self::AttachCommandStream>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(self.handle_attach_command(request))
     }
 }
