@@ -273,7 +273,8 @@ mod tests {
             "--op",
             "o"
         ]));
-        assert!(!parses(&[
+        // The epoch and UIDs left out are filled from DescribeEnvironment and confirmed.
+        assert!(parses(&[
             "admin",
             "retire",
             "--env",
@@ -283,6 +284,7 @@ mod tests {
             "--op",
             "o"
         ]));
+        assert!(!parses(&["admin", "retire", "--env", "e", "--epoch", "2"]));
         assert!(parses(&[
             "admin",
             "delete-retired",
