@@ -181,7 +181,9 @@ impl Reconciler {
 
     /// Reconciles one environment by name (what the work queue calls).
     pub async fn reconcile(&self, name: &str) -> Result<Next, ReconcileError> {
-        flow::reconcile(&self.ctx, name).await
+        // Boxed: the whole flow's state lives on the heap, not on the caller's stack (a debug
+        // build's reconcile future is large).
+        Box::pin(flow::reconcile(&self.ctx, name)).await
     }
 
     /// Initialises, then reconciles until `shutdown` completes.
