@@ -13,6 +13,7 @@ pub mod executor;
 pub mod health;
 pub mod helper;
 pub mod kube;
+pub mod metrics;
 pub mod provider;
 pub mod reconciler;
 pub mod runtime;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::executor::transport::ExecutorTransport;
+use crate::metrics::Metrics;
 use crate::reconciler::{InitError, Reconciler, ReconcilerConfig};
 use crate::runtime::Runtime;
 use crate::runtime::net::Net;
@@ -28,6 +29,8 @@ pub struct Dependencies {
     pub templates: Arc<TemplateRegistry>,
     /// TLS and client policy.
     pub security: Security,
+    /// The Prometheus registry (served on the health listener).
+    pub metrics: Metrics,
 }
 
 /// Where and as whom the provider runs.
@@ -137,6 +140,7 @@ pub async fn run_with<N: Net>(
         listener,
         service,
         &deps.security,
+        deps.metrics.rpc(),
         settings.connections,
         shutdown.wait(),
     )

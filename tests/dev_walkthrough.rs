@@ -243,3 +243,130 @@ async fn stock_tools_find_the_health_service_and_reflection() {
     );
     dev.stop().await.unwrap();
 }
+
+/// One sample of a scrape: the metric name and its labels, sorted.
+type Sample = (String, Vec<(String, String)>);
+
+/// `GET /metrics` over plain HTTP/1 (the health listener closes after one answer).
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    body.to_owned()
+}
+
+/// A minimal reader of the text exposition format: `# TYPE` lines give the families,
+/// every other non-comment line is `name{label="value",...} number`.
+fn parse_scrape(text: &str) -> (Vec<String>, std::collections::BTreeMap<Sample, f64>) {
+    let mut families = Vec::new();
+    let mut samples = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        if let Some(family) = line.strip_prefix("# TYPE ") {
+            families.push(family.to_owned());
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let (name, labels) = match series.split_once('{') {
+            Some((name, rest)) => (name, rest.strip_suffix('}').unwrap()),
+            None => (series, ""),
+        };
+        let mut labels: Vec<(String, String)> = labels
+            .split(',')
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                let (key, value) = pair.split_once('=').unwrap();
+                (key.to_owned(), value.trim_matches('"').to_owned())
+            })
+            .collect();
+        labels.sort();
+        samples.insert((name.to_owned(), labels), value.parse().unwrap());
+    }
+    families.sort();
+    (families, samples)
+}
+
+fn rpc_count(samples: &std::collections::BTreeMap<Sample, f64>, method: &str, code: &str) -> f64 {
+    let key = (
+        "execution_provider_rpc_requests_total".to_owned(),
+        vec![
+            ("code".to_owned(), code.to_owned()),
+            ("method".to_owned(), method.to_owned()),
+        ],
+    );
+    samples.get(&key).copied().unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_walk_is_counted_by_method_and_code_on_the_metrics_endpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "metrics")
+        .await
+        .environment
+        .unwrap();
+    let claim = acquire(&mut client, "metrics", &env).await;
+    let command = |claim: &pb::RunClaimResponse| pb::CommandStartRequest {
+        context: Some(context("metrics", claim)),
+        command: "true".into(),
+        timeout_millis: 10_000,
+    };
+    client.start_command(command(&claim)).await.unwrap();
+    client
+        .release_run(pb::ReleaseRunRequest {
+            environment: Some(env.clone()),
+            owner: Some(owner()),
+            binding_id: "metrics".into(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            epoch: claim.epoch,
+            operation_id: "release-1".into(),
+            grant_generation: claim.grant_generation,
+        })
+        .await
+        .unwrap();
+    let stale = client.start_command(command(&claim)).await.unwrap_err();
+    assert_eq!(stale.code(), tonic::Code::Aborted);
+
+    let text = scrape(dev.health_addr).await;
+    let (families, samples) = parse_scrape(&text);
+    assert!(rpc_count(&samples, "EnsureTemplate", "Ok") >= 1.0, "{text}");
+    assert_eq!(rpc_count(&samples, "AcquireRun", "Ok"), 1.0, "{text}");
+    assert_eq!(rpc_count(&samples, "StartCommand", "Ok"), 1.0, "{text}");
+    assert_eq!(
+        rpc_count(&samples, "StartCommand", "Aborted"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(rpc_count(&samples, "ReleaseRun", "Ok"), 1.0, "{text}");
+    let timed = (
+        "execution_provider_rpc_duration_seconds_count".to_owned(),
+        vec![("method".to_owned(), "StartCommand".to_owned())],
+    );
+    assert_eq!(samples.get(&timed), Some(&2.0), "{text}");
+    for ((name, labels), _) in &samples {
+        for (key, value) in labels {
+            assert!(
+                !value.contains("exec-") && !value.contains("metrics"),
+                "{name} carries an environment or binding in {key}={value}"
+            );
+        }
+    }
+    insta::assert_snapshot!(families.join("\n"));
+    dev.stop().await.unwrap();
+}

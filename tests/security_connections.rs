@@ -73,6 +73,7 @@ async fn start(state: &Path, helper: PathBuf, connections: ConnectionBounds) -> 
         state_dir: state.to_owned(),
         listen: "127.0.0.1:0".parse().unwrap(),
         kube_listen: "127.0.0.1:0".parse().unwrap(),
+        health_listen: "127.0.0.1:0".parse().unwrap(),
         helper: Some(helper),
         limits: Default::default(),
         connections,

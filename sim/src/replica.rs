@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use execution_provider::executor::ExecutorTransport;
+use execution_provider::metrics::Metrics;
 use execution_provider::provider::{self, Dependencies, ProviderError, Settings, Shutdown};
 use execution_provider::runtime::net::Net;
 use execution_provider::runtime::{Runtime, SeededIds};
@@ -139,12 +140,14 @@ async fn run_incarnation(parts: Parts, life: u64) -> Result<(), Exit> {
             .manager(security.clone(), kube.clone());
         tokio::spawn(manager.run(std::future::pending::<()>()))
     });
+    let metrics = Metrics::new(security.limiter_rejections(), runtime.clock.clone());
     let deps = Dependencies {
         runtime,
         kube,
         executor,
         templates: templates.current(),
         security,
+        metrics,
     };
     let settings = Settings {
         namespace: NAMESPACE.to_owned(),

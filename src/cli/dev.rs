@@ -11,9 +11,11 @@ use std::sync::Arc;
 use super::dev_kubectl::{self, KubectlEndpoint};
 use super::state_dir::StateDir;
 use crate::executor::local::LocalTransport;
+use crate::health;
 use crate::kube::apiserver::ApiServer;
 use crate::kube::node_agent::NodeAgent;
 use crate::kube::seed::seed_cluster;
+use crate::metrics::Metrics;
 use crate::provider::{self, Dependencies, Settings, Shutdown, ShutdownTrigger};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
@@ -46,6 +48,9 @@ pub struct DevArgs {
     /// kubeconfig is written to `<state-dir>/kubeconfig` at every start.
     #[arg(long, default_value = "127.0.0.1:7444", value_parser = parse_listen)]
     pub kube_listen: SocketAddr,
+    /// Where the plain-HTTP health endpoints (`/live`, `/ready`, `/metrics`) listen.
+    #[arg(long, default_value = "127.0.0.1:7445", value_parser = parse_listen)]
+    pub health_listen: SocketAddr,
     /// The `execution-helper` binary (default: the one beside this program).
     #[arg(long, env = "EXECUTION_HELPER")]
     pub helper: Option<PathBuf>,
@@ -85,6 +90,8 @@ pub struct DevProvider {
     pub kube: kube::Client,
     /// The read-only API endpoint for kubectl and its kubeconfig.
     pub kubectl: KubectlEndpoint,
+    /// The address of the health endpoints (`/live`, `/ready`, `/metrics`).
+    pub health_addr: SocketAddr,
     trigger: ShutdownTrigger,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -184,20 +191,37 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
     tokio::spawn(agent.run(shutdown.clone().wait()));
     tokio::spawn(security_manager.clone().run(shutdown.clone().wait()));
     let deps_kube = kube.clone();
+    let metrics = Metrics::new(security.limiter_rejections(), runtime.clock.clone());
     let deps = Dependencies {
         runtime,
         kube,
         executor,
         templates,
         security: security.clone(),
+        metrics: metrics.clone(),
     };
     let settings = Settings {
         namespace: DEV_NAMESPACE.to_owned(),
         executor_service_account: DEV_EXECUTOR_SERVICE_ACCOUNT.to_owned(),
         connections: args.connections,
     };
+    let reconciler = provider::reconciler(&deps, &settings);
+    let health_listener = TokioNet
+        .bind(args.health_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} for health", args.health_listen))?;
+    let health_addr = TokioNet::local_addr(&health_listener)?;
+    let endpoints = health::Endpoints {
+        readiness: health::provider_readiness(reconciler.clone(), security.clone()),
+        metrics,
+    };
+    tokio::spawn(health::serve::<TokioNet>(
+        health_listener,
+        endpoints,
+        shutdown.clone().wait(),
+    ));
     let task = tokio::spawn(async move {
-        provider::run::<TokioNet>(deps, settings, listener, shutdown).await?;
+        provider::run_with::<TokioNet>(deps, settings, reconciler, listener, shutdown).await?;
         Ok(())
     });
     Ok(DevProvider {
@@ -207,6 +231,7 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         security_manager,
         kube: deps_kube,
         kubectl,
+        health_addr,
         trigger,
         task,
     })
@@ -218,11 +243,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         addr,
         state,
         kubectl,
+        health_addr,
         trigger,
         mut task,
         ..
     } = start(&args).await?;
     print_banner(addr, &state.root().display().to_string(), &kubectl);
+    eprintln!("health and metrics on http://{health_addr}/ready and http://{health_addr}/metrics");
     tokio::select! {
         result = &mut task => result?,
         _ = tokio::signal::ctrl_c() => {

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail};
 
 use crate::executor::PodExecutor;
+use crate::health;
+use crate::metrics::Metrics;
 use crate::provider::{self, Dependencies, Settings, Shutdown};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
@@ -75,7 +77,7 @@ pub struct ServeArgs {
         value_parser = parse_reload_interval
     )]
     pub security_reload_interval: std::time::Duration,
-    /// The plain-HTTP health address (`/live`, `/ready`); `off` disables it.
+    /// The plain-HTTP health address (`/live`, `/ready`, `/metrics`); `off` disables it.
     #[arg(
         long,
         env = "EXECUTION_PROVIDER_HEALTH_LISTEN",
@@ -174,7 +176,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             staleness: manager::DEFAULT_STALENESS,
         },
     );
+    let metrics = Metrics::new(security.limiter_rejections(), runtime.clock.clone());
     let deps = Dependencies {
+        metrics: metrics.clone(),
         runtime,
         executor: Arc::new(PodExecutor::new(kube.clone())),
         kube,
@@ -205,17 +209,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr} for health"))?;
-        let ready = reconciler.clone();
-        let security = security_manager.security();
-        let readiness: crate::health::Readiness = Arc::new(move || {
-            if !ready.is_ready() {
-                return Some(ready.readiness_reason().to_owned());
-            }
-            (!security.ready()).then(|| "security-authority-or-expiry".to_owned())
-        });
-        tokio::spawn(crate::health::serve::<TokioNet>(
+        let endpoints = health::Endpoints {
+            readiness: health::provider_readiness(reconciler.clone(), security_manager.security()),
+            metrics,
+        };
+        tokio::spawn(health::serve::<TokioNet>(
             health,
-            readiness,
+            endpoints,
             shutdown.clone().wait(),
         ));
     }

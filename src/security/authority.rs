@@ -57,6 +57,7 @@ pub struct Security {
     ids: Arc<dyn IdSource>,
     limiter: Arc<arc_swap::ArcSwap<RpcLimiter>>,
     limits: Arc<Mutex<LimitConfig>>,
+    rejections: prometheus_client::metrics::counter::Counter,
 }
 
 fn not_ready() -> WireError {
@@ -81,6 +82,7 @@ impl Security {
                 flags: LimiterBounds::default(),
                 applied: bounds,
             })),
+            rejections: Default::default(),
         })
     }
 
@@ -162,6 +164,11 @@ impl Security {
     /// configured bounds change. RPCs in flight keep the slots of the old one.
     pub fn set_limiter(&self, limiter: RpcLimiter) {
         self.limiter.store(Arc::new(limiter));
+    }
+
+    /// The count of RPCs the limiter refused (shared with the metrics registry).
+    pub fn limiter_rejections(&self) -> prometheus_client::metrics::counter::Counter {
+        self.rejections.clone()
     }
 
     /// The RPC limiter in force.
@@ -253,7 +260,10 @@ impl Security {
             .limiter
             .load()
             .try_acquire(&client.uri)
-            .ok_or(WireError::fatal(ErrorCode::ResourceExhausted))?;
+            .ok_or_else(|| {
+                self.rejections.inc();
+                WireError::fatal(ErrorCode::ResourceExhausted)
+            })?;
         client.slot = Some(Arc::new(slot));
         Ok(client)
     }

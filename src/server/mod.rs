@@ -9,6 +9,8 @@
 //! observation, an expired server certificate). Readiness is sampled every
 //! [`HEALTH_POLL_INTERVAL`], since expiry and staleness change with time alone.
 //!
+//! Every call of the execution service is counted and timed by [`RpcMetricsLayer`].
+//!
 //! HTTP/2 connection settings follow §7: at most 64 streams per connection, keepalive pings
 //! after 2 min idle with a 20 s timeout, and a maximum connection age of 30 min plus 2 min of
 //! grace, so clients reconnect (and re-handshake against the current TLS material) regularly.
@@ -29,9 +31,11 @@ use tonic::server::NamedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
+use tower::Layer as _;
 
 use crate::api::FILE_DESCRIPTOR_SET;
 use crate::api::pb::execution_provider_service_server::ExecutionProviderServiceServer;
+use crate::metrics::{RpcMetrics, RpcMetricsLayer};
 use crate::runtime::net::Net;
 use crate::runtime::tls::{ConnectionGate, mtls_incoming};
 use crate::security::Security;
@@ -74,6 +78,7 @@ pub async fn serve<N: Net>(
     listener: N::Listener,
     service: ProviderService,
     security: &Security,
+    metrics: &RpcMetrics,
     connections: ConnectionBounds,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
@@ -86,9 +91,11 @@ pub async fn serve<N: Net>(
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let execution = ExecutionServer::new(service)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let execution = RpcMetricsLayer::new(metrics.clone()).layer(
+        ExecutionServer::new(service)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    );
     let (max_connections, max_handshakes) = connections.resolve();
     let gate = ConnectionGate::new(max_connections, max_handshakes);
     let incoming = mtls_incoming::<N>(listener, security.server_tls(), HANDSHAKE_TIMEOUT, gate);

@@ -31,6 +31,7 @@ pub async fn start_dev(state_dir: &Path) -> DevProvider {
         state_dir: state_dir.to_owned(),
         listen: "127.0.0.1:0".parse().unwrap(),
         kube_listen: "127.0.0.1:0".parse().unwrap(),
+        health_listen: "127.0.0.1:0".parse().unwrap(),
         helper: Some(helper_binary()),
         limits: Default::default(),
         connections: Default::default(),
