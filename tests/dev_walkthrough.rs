@@ -359,7 +359,7 @@ async fn the_walk_is_counted_by_method_and_code_on_the_metrics_endpoint() {
         vec![("method".to_owned(), "StartCommand".to_owned())],
     );
     assert_eq!(samples.get(&timed), Some(&2.0), "{text}");
-    for ((name, labels), _) in &samples {
+    for (name, labels) in samples.keys() {
         for (key, value) in labels {
             assert!(
                 !value.contains("exec-") && !value.contains("metrics"),
