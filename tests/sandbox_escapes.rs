@@ -47,6 +47,7 @@ impl Environment {
             state_dir: tmp.path().to_owned(),
             listen: "127.0.0.1:0".parse().unwrap(),
             kube_listen: "127.0.0.1:0".parse().unwrap(),
+            health_listen: "127.0.0.1:0".parse().unwrap(),
             helper: Some(helper_binary()),
             limits: Default::default(),
             connections: Default::default(),
