@@ -325,6 +325,7 @@ async fn the_walk_is_counted_by_method_and_code_on_the_metrics_endpoint() {
         context: Some(context("metrics", claim)),
         command: "true".into(),
         timeout_millis: 10_000,
+        ..Default::default()
     };
     client.start_command(command(&claim)).await.unwrap();
     client
