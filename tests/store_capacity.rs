@@ -6,7 +6,7 @@
 mod store_support;
 
 use execution_provider::errors::ErrorCode;
-use execution_provider::kube::crd::LEDGER_CONFIGMAP_NAME;
+use execution_provider::kube::crd::{LEDGER_CONFIGMAP_NAME, ledger_key};
 use execution_provider::store::naming::allocation_name;
 use store_support::*;
 
@@ -124,16 +124,40 @@ async fn an_ambiguous_create_failure_keeps_the_slot() {
 async fn a_binding_won_by_another_template_releases_the_losing_reservation() {
     let world = World::new().await;
     let store = world.store();
-    let winner = ensure_request(&world, CLIENT, "alice", "b1", "other", "op-1");
-    store.ensure_template(&winner).await.expect("winner");
     let loser = ensure_request(&world, CLIENT, "alice", "b1", "pair", "op-2");
+    let name = allocation_name(CLIENT, &loser.caller.owner_hash, "b1");
+    // The race: the loser finds no environment and reserves its slot; just before its create
+    // lands, another replica ensures the same binding with another template and wins.
+    let winner = ensure_request(&world, CLIENT, "alice", "b1", "other", "op-1");
+    let peer = world.store();
+    let ledger = world.config_maps();
+    let reserved_first = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen = reserved_first.clone();
+    let expected = name.clone();
+    world.before_write("/executionenvironments", move || async move {
+        let map = ledger.get(LEDGER_CONFIGMAP_NAME).await.expect("ledger");
+        let entry = map
+            .data
+            .and_then(|d| d.get(&ledger_key("pair")).cloned())
+            .unwrap_or_default();
+        *seen.lock().expect("seen") = Some(entry.contains(&expected));
+        peer.ensure_template(&winner).await.expect("winner");
+    });
     let err = store
         .ensure_template(&loser)
         .await
         .expect_err("binding taken");
     assert_eq!(err.code(), ErrorCode::AlreadyExists);
-    assert!(world.ledger("pair").await.is_empty());
-    assert_eq!(world.ledger("other").await.len(), 1, "winner's slot intact");
+    assert_eq!(
+        *reserved_first.lock().expect("seen"),
+        Some(true),
+        "the loser had reserved its slot before its create lost"
+    );
+    assert!(
+        world.ledger("pair").await.is_empty(),
+        "the losing reservation is released"
+    );
+    assert_eq!(world.ledger("other").await, vec![name], "winner's slot intact");
 }
 
 #[tokio::test]
@@ -191,16 +215,18 @@ async fn concurrent_reservations_enforce_the_hard_limit() {
     let (s1, s2) = (world.store(), world.store());
     let r1 = ensure_request(&world, CLIENT, "alice", "b1", "small", "op-1");
     let r2 = ensure_request(&world, CLIENT, "bob", "b2", "small", "op-2");
-    let (a, b) = tokio::join!(s1.ensure_template(&r1), s2.ensure_template(&r2));
-    assert_eq!(
-        [a.is_ok(), b.is_ok()].iter().filter(|ok| **ok).count(),
-        1,
-        "exactly one admitted"
-    );
-    let refused = a.err().or(b.err()).expect("one refused");
+    // Interleaved: the first reservation has read the ledger and counted the live
+    // environments; just before its write lands, the second allocation takes the last slot.
+    world.before_write("/configmaps/", move || async move {
+        s2.ensure_template(&r2).await.expect("the second allocation");
+    });
+    let refused = s1
+        .ensure_template(&r1)
+        .await
+        .expect_err("the slot was taken between the read and the write");
     assert_eq!(refused.code(), ErrorCode::ResourceExhausted);
-    let mut names = world.names().await;
-    names.sort();
+    let names = world.names().await;
+    assert_eq!(names.len(), 1, "exactly one admitted: {names:?}");
     assert_eq!(
         world.ledger("small").await,
         names,
