@@ -1,10 +1,6 @@
-//! The real control plane the suite runs against: found through the environment that
-//! `tests/e2e/bin/start-control-plane.sh` writes, with `kubectl` and `helm` runners, kube clients
-//! for the admin and for service-account tokens, one namespace per test, and the CRD installed
-//! once per run.
-//!
-//! Without `E2E_KUBECONFIG` every test is skipped with a message, unless `CI` is set: CI must
-//! have started the control plane, so there the absence fails the test.
+//! The real control plane the suite runs against (provisioned by `control_plane`), with
+//! `kubectl` and `helm` runners, kube clients for the admin and for service-account tokens,
+//! one namespace per test, and the CRD installed once per run.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -30,36 +26,6 @@ pub struct Cluster {
     pub helm: PathBuf,
     /// The control plane's work directory (logs, PKI, workspaces).
     pub work: PathBuf,
-}
-
-/// The control plane of this run, or `None` (after saying why) when the test should skip.
-///
-/// Panics when `CI` is set and the control plane is absent: CI must never pass by skipping.
-pub fn cluster_or_skip(test: &str) -> Option<Cluster> {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    let Some(kubeconfig) = var("E2E_KUBECONFIG") else {
-        assert!(
-            var("CI").is_none(),
-            "CI is set but no real control plane is: E2E_KUBECONFIG is unset. .ci/run starts one \
-             with tests/e2e/bin/start-control-plane.sh and exports its env file"
-        );
-        eprintln!(
-            "skipped {test}: no real control plane (E2E_KUBECONFIG is unset); \
-             see docs/e2e.md to start one"
-        );
-        return None;
-    };
-    let required = |name: &str| {
-        PathBuf::from(
-            var(name).unwrap_or_else(|| panic!("E2E_KUBECONFIG is set but {name} is not")),
-        )
-    };
-    Some(Cluster {
-        kubeconfig: PathBuf::from(kubeconfig),
-        kubectl: required("E2E_KUBECTL"),
-        helm: required("E2E_HELM"),
-        work: required("E2E_WORK"),
-    })
 }
 
 /// The repository root.

@@ -7,7 +7,7 @@ use execution_provider::kube::crd::{
 };
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
-use crate::cluster::cluster_or_skip;
+use crate::cluster::Cluster;
 
 fn hex(byte: char) -> String {
     std::iter::repeat_n(byte, 64).collect()
@@ -41,11 +41,9 @@ fn environment(name: &str) -> ExecutionEnvironment {
     ExecutionEnvironment::new(name, spec)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_api_server_enforces_the_crd_and_kubectl_shows_its_printer_columns() {
-    let Some(cluster) = cluster_or_skip("crd printer columns") else {
-        return;
-    };
+pub async fn the_api_server_enforces_the_crd_and_kubectl_shows_its_printer_columns(
+    cluster: Cluster,
+) {
     cluster.install_crd().await;
     let ns = cluster.namespace("crd").await;
     let api = Api::<ExecutionEnvironment>::namespaced(ns.client.clone(), &ns.name);

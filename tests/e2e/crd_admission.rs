@@ -18,7 +18,7 @@ use execution_provider::kube::crd::{
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::cluster::{TestNamespace, cluster_or_skip};
+use crate::cluster::{Cluster, TestNamespace};
 
 fn hex(byte: char) -> String {
     std::iter::repeat_n(byte, 64).collect()
@@ -100,11 +100,7 @@ fn changed(field: &str) -> Value {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_api_server_refuses_a_change_of_every_immutable_spec_field() {
-    let Some(cluster) = cluster_or_skip("crd immutability") else {
-        return;
-    };
+pub async fn the_api_server_refuses_a_change_of_every_immutable_spec_field(cluster: Cluster) {
     cluster.install_crd().await;
     let ns = cluster.namespace("crd-immutable").await;
     let name = "exec-crd-immutable";
@@ -164,11 +160,7 @@ async fn the_api_server_refuses_a_change_of_every_immutable_spec_field() {
     ns.delete().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_api_server_admits_schema_version_2_only_in_spec_and_status() {
-    let Some(cluster) = cluster_or_skip("crd schemaVersion admission") else {
-        return;
-    };
+pub async fn the_api_server_admits_schema_version_2_only_in_spec_and_status(cluster: Cluster) {
     cluster.install_crd().await;
     let ns = cluster.namespace("crd-schema").await;
     let api = raw(&ns);
@@ -311,11 +303,9 @@ fn full_status() -> ExecutionEnvironmentStatus {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pruning_keeps_every_controller_owned_status_field_and_drops_removed_ones() {
-    let Some(cluster) = cluster_or_skip("crd status pruning") else {
-        return;
-    };
+pub async fn pruning_keeps_every_controller_owned_status_field_and_drops_removed_ones(
+    cluster: Cluster,
+) {
     cluster.install_crd().await;
     let ns = cluster.namespace("crd-prune").await;
     let name = "exec-crd-prune";

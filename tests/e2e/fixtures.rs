@@ -84,8 +84,7 @@ impl ProviderFiles {
     }
 }
 
-#[test]
-fn the_suite_template_catalogue_loads_with_the_revision_the_crate_computes() {
+pub fn the_suite_template_catalogue_loads_with_the_revision_the_crate_computes() {
     let registry = execution_provider::templates::TemplateRegistry::from_yaml_str(
         &templates_yaml(),
         "e2e templates",

@@ -6,7 +6,7 @@ use execution_provider::kube::crd::{ExecutionEnvironment, pod_name, pvc_name};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Api;
 
-use crate::cluster::{Cluster, TestNamespace, cluster_or_skip};
+use crate::cluster::{Cluster, TestNamespace};
 use crate::common::{self, context, owner};
 use crate::fixtures::RUNTIME_CLASS;
 use crate::kwok_exec::{kwok_serves_exec, spawn_agent, workspace_dir};
@@ -136,11 +136,9 @@ fn assert_hardened(pod: &Pod, pvc: &str) {
     assert_eq!(claims, [pvc]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_allocates_runs_commands_and_files_through_pods_exec_and_releases() {
-    let Some(cluster) = cluster_or_skip("provider flow") else {
-        return;
-    };
+pub async fn a_client_allocates_runs_commands_and_files_through_pods_exec_and_releases(
+    cluster: Cluster,
+) {
     let setup = Setup::new(cluster, "flow").await;
     let provider = setup.installation.start_provider("provider").await;
     let mut client = setup.installation.client(&provider);
@@ -204,11 +202,9 @@ async fn a_client_allocates_runs_commands_and_files_through_pods_exec_and_releas
     setup.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_provider_crash_mid_flow_loses_nothing_and_the_next_process_serves_the_same_claim() {
-    let Some(cluster) = cluster_or_skip("provider restart") else {
-        return;
-    };
+pub async fn a_provider_crash_mid_flow_loses_nothing_and_the_next_process_serves_the_same_claim(
+    cluster: Cluster,
+) {
     let setup = Setup::new(cluster, "restart").await;
     let first = setup.installation.start_provider("first").await;
     let mut client = setup.installation.client(&first);
@@ -235,11 +231,9 @@ async fn a_provider_crash_mid_flow_loses_nothing_and_the_next_process_serves_the
     setup.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_serve_one_environment_and_exactly_one_concurrent_claim_wins() {
-    let Some(cluster) = cluster_or_skip("two replicas") else {
-        return;
-    };
+pub async fn two_replicas_serve_one_environment_and_exactly_one_concurrent_claim_wins(
+    cluster: Cluster,
+) {
     let setup = Setup::new(cluster, "replicas").await;
     let a = setup.installation.start_provider("replica-a").await;
     let b = setup.installation.start_provider("replica-b").await;

@@ -9,15 +9,13 @@ use execution_provider::kube::crd::{ExecutionEnvironment, pod_name, pvc_name};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Api;
 
-use crate::cluster::{cluster_or_skip, eventually};
+use crate::cluster::{Cluster, eventually};
 use crate::common::{self, owner};
 use crate::flow::{Setup, read, run};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_workspace() {
-    let Some(cluster) = cluster_or_skip("lifecycle") else {
-        return;
-    };
+pub async fn revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_workspace(
+    cluster: Cluster,
+) {
     let setup = Setup::new(cluster, "lifecycle").await;
     let provider = setup.installation.start_provider("provider").await;
     let mut client = setup.installation.client(&provider);

@@ -2,17 +2,104 @@
 //! kube-controller-manager, kube-scheduler and kwok on 127.0.0.1, built from Go modules by
 //! `tests/e2e/bin/build-bins.sh` and started by `tests/e2e/bin/start-control-plane.sh`).
 //!
-//! Each test takes its own namespace. Without a started control plane every test is skipped
-//! with a message, except under `CI`, where that is a failure. See docs/e2e.md.
+//! A `libtest-mimic` harness (`harness = false`), so that whether the cluster tests can run is
+//! decided at run time: against `E2E_KUBECONFIG` when it is given, else against a control plane
+//! this run builds (on first use) and starts itself; where neither is possible the cluster
+//! tests are reported *ignored* with the reason (under `CI`, failed), never passed. Each test
+//! takes its own namespace. See docs/e2e.md.
+
+use std::future::Future;
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
+mod control_plane;
 mod crd;
 mod crd_admission;
 mod fixtures;
 mod flow;
+#[path = "../k8s_bins/mod.rs"]
+mod k8s_bins;
 mod kwok_exec;
 mod lifecycle;
 mod pod_exec;
 mod provider;
+
+use cluster::Cluster;
+use control_plane::Availability;
+
+/// A test that needs the control plane: it runs on a runtime of its own (as
+/// `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` would) once one is up.
+fn cluster_test<F, Fut>(name: &str, test: F) -> Trial
+where
+    F: FnOnce(Cluster) -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    Trial::ignorable_test(name, move || match control_plane::availability() {
+        Availability::Ready(cluster) => {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|e| Failed::from(format!("no tokio runtime: {e}")))?
+                .block_on(test(cluster));
+            Ok(Completion::Completed)
+        }
+        Availability::Impossible(reason) => Ok(Completion::ignored_with(reason)),
+        Availability::Broken(failure) => Err(failure.into()),
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let trials = vec![
+        cluster_test(
+            "crd::the_api_server_enforces_the_crd_and_kubectl_shows_its_printer_columns",
+            crd::the_api_server_enforces_the_crd_and_kubectl_shows_its_printer_columns,
+        ),
+        cluster_test(
+            "crd_admission::the_api_server_refuses_a_change_of_every_immutable_spec_field",
+            crd_admission::the_api_server_refuses_a_change_of_every_immutable_spec_field,
+        ),
+        cluster_test(
+            "crd_admission::the_api_server_admits_schema_version_2_only_in_spec_and_status",
+            crd_admission::the_api_server_admits_schema_version_2_only_in_spec_and_status,
+        ),
+        cluster_test(
+            "crd_admission::pruning_keeps_every_controller_owned_status_field_and_drops_removed_ones",
+            crd_admission::pruning_keeps_every_controller_owned_status_field_and_drops_removed_ones,
+        ),
+        cluster_test(
+            "flow::a_client_allocates_runs_commands_and_files_through_pods_exec_and_releases",
+            flow::a_client_allocates_runs_commands_and_files_through_pods_exec_and_releases,
+        ),
+        cluster_test(
+            "flow::a_provider_crash_mid_flow_loses_nothing_and_the_next_process_serves_the_same_claim",
+            flow::a_provider_crash_mid_flow_loses_nothing_and_the_next_process_serves_the_same_claim,
+        ),
+        cluster_test(
+            "flow::two_replicas_serve_one_environment_and_exactly_one_concurrent_claim_wins",
+            flow::two_replicas_serve_one_environment_and_exactly_one_concurrent_claim_wins,
+        ),
+        cluster_test(
+            "lifecycle::revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_workspace",
+            lifecycle::revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_workspace,
+        ),
+        cluster_test(
+            "pod_exec::the_pod_exec_transport_runs_the_helper_in_a_kwok_pod_through_the_api_server",
+            pod_exec::the_pod_exec_transport_runs_the_helper_in_a_kwok_pod_through_the_api_server,
+        ),
+        Trial::test(
+            "fixtures::the_suite_template_catalogue_loads_with_the_revision_the_crate_computes",
+            || {
+                fixtures::the_suite_template_catalogue_loads_with_the_revision_the_crate_computes();
+                Ok(())
+            },
+        ),
+    ];
+    let conclusion = libtest_mimic::run(&args, trials);
+    control_plane::stop_if_started();
+    conclusion.exit_code()
+}

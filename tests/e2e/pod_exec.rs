@@ -16,7 +16,7 @@ use execution_provider::kube::crd::pod_name;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 
-use crate::cluster::{cluster_or_skip, eventually};
+use crate::cluster::{Cluster, eventually};
 use crate::kwok_exec::{ensure_rule, workspace_dir};
 
 /// A Pod that satisfies Pod Security `restricted`, with the executor's container name.
@@ -69,11 +69,9 @@ fn command(text: &str, id: &str) -> ExecutorRequest {
     request
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_pod_exec_transport_runs_the_helper_in_a_kwok_pod_through_the_api_server() {
-    let Some(cluster) = cluster_or_skip("pod exec transport") else {
-        return;
-    };
+pub async fn the_pod_exec_transport_runs_the_helper_in_a_kwok_pod_through_the_api_server(
+    cluster: Cluster,
+) {
     if !crate::kwok_exec::kwok_serves_exec() {
         eprintln!("skipped: this case drives kwok's exec; on kind the flow tests cover pods/exec");
         return;

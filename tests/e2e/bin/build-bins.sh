@@ -10,6 +10,13 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/versions.sh"
 mkdir -p "$E2E_CACHE"
+# One build of the cache at a time (CI, a test run building on first use, a developer): a
+# second caller waits for the first and then finds the binaries cached.
+exec 9>"$E2E_CACHE/build.lock"
+if ! flock -n 9; then
+  echo "build-bins: another build of $E2E_CACHE is running; waiting for it" >&2
+  flock 9
+fi
 # E2E_GO_JOBS=1 (the default) builds one package at a time, for machines shared with other builds;
 # CI on its own machine passes 2.
 JOBS="${E2E_GO_JOBS:-1}"
@@ -106,7 +113,9 @@ components=("$@")
 [[ ${#components[@]} -gt 0 ]] || components=(kube etcd kwok helm)
 for c in "${components[@]}"; do
   case "$c" in
-    kube | etcd | kwok | helm) "build_$c" ;;
+    kube | etcd | kwok | helm)
+      echo "build-bins: $c (built once, then cached under $E2E_CACHE)" >&2
+      "build_$c" ;;
     *) echo "unknown component: $c" >&2; exit 2 ;;
   esac
 done
