@@ -157,7 +157,11 @@ async fn a_binding_won_by_another_template_releases_the_losing_reservation() {
         world.ledger("pair").await.is_empty(),
         "the losing reservation is released"
     );
-    assert_eq!(world.ledger("other").await, vec![name], "winner's slot intact");
+    assert_eq!(
+        world.ledger("other").await,
+        vec![name],
+        "winner's slot intact"
+    );
 }
 
 #[tokio::test]
@@ -218,7 +222,9 @@ async fn concurrent_reservations_enforce_the_hard_limit() {
     // Interleaved: the first reservation has read the ledger and counted the live
     // environments; just before its write lands, the second allocation takes the last slot.
     world.before_write("/configmaps/", move || async move {
-        s2.ensure_template(&r2).await.expect("the second allocation");
+        s2.ensure_template(&r2)
+            .await
+            .expect("the second allocation");
     });
     let refused = s1
         .ensure_template(&r1)
