@@ -3,7 +3,7 @@
 //! reached over turmoil TCP through [`HostedExecutor`] (the path replicas take when
 //! `world::EXECUTOR_NODES` is above 0). Every case listed here passes both ways; the cases that
 //! need what the in-memory model leaves out (symlinks, real processes, glob/grep) are listed in
-//! sim/README.md and not run here.
+//! sim/README.md and not run here (a command case listed here fails: `require_commands`).
 
 #[path = "../../tests/conformance/mod.rs"]
 #[macro_use]
@@ -151,7 +151,6 @@ memory_cases!(core, core_over_the_node =>
     oversize_requests_are_resource_exhausted,
     provider_only_and_unknown_operations_are_invalid_argument,
     command_start_requires_an_id_and_a_bounded_command,
-    reading_a_file_over_the_limit_is_resource_exhausted,
 );
 
 memory_cases!(bounds, bounds_over_the_node =>

@@ -8,7 +8,7 @@ use execution_provider::executor::protocol::{
 
 use super::{
     Fixture, assert_receipt, call, command, create, eventually, expect_code, ok, read_text, req,
-    run, with_data,
+    require_commands, run, with_data,
 };
 
 pub async fn file_content_at_and_under_the_limit_is_accepted_and_over_it_refused(f: &dyn Fixture) {
@@ -54,9 +54,7 @@ fn capped(id: &str, script: &str, cap: i64) -> ExecutorRequest {
 pub async fn the_limit_of_a_command_caps_its_output_and_the_receipt_covers_what_is_kept(
     f: &dyn Fixture,
 ) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let script = "printf 'hello world!'; printf 'err' >&2";
     let at = run(f, capped("cap-at", script, 15)).await;
     assert_eq!(
@@ -90,9 +88,7 @@ pub async fn the_limit_of_a_command_caps_its_output_and_the_receipt_covers_what_
 pub async fn grandchildren_that_ignore_sigterm_and_leave_the_group_are_gone_after_timeout(
     f: &dyn Fixture,
 ) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let script = "(trap '' TERM; sleep 60) & echo $! > child.pid; \
                   setsid sh -c 'trap \"\" TERM; echo $$ > escaped.pid; exec sleep 60' & \
                   while [ ! -s escaped.pid ]; do sleep 0.01; done; sleep 60";
@@ -106,9 +102,7 @@ pub async fn grandchildren_that_ignore_sigterm_and_leave_the_group_are_gone_afte
 }
 
 pub async fn a_command_that_closes_stdout_early_still_reports_its_stderr(f: &dyn Fixture) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let script = "exec 1>&-; echo closed >&2; sleep 0.1; echo done >&2";
     let status = run(f, command("c-close", script, 0)).await;
     assert_eq!(status.state, CommandState::Succeeded);
@@ -118,9 +112,7 @@ pub async fn a_command_that_closes_stdout_early_still_reports_its_stderr(f: &dyn
 }
 
 pub async fn binary_output_is_repaired_to_utf8_and_covered_by_the_receipt(f: &dyn Fixture) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let status = run(f, command("c-bin", "printf 'a\\000b\\377\\376c\\303'", 0)).await;
     assert_eq!(status.state, CommandState::Succeeded);
     assert_eq!(

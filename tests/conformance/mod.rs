@@ -94,13 +94,22 @@ pub trait Fixture: Sync {
     fn symlink(&self, link: &str, target: &str);
     /// The canonical absolute workspace root as the executor sees it.
     fn workspace_root(&self) -> String;
-    /// Whether commands run as real processes under `/bin/sh`; the command cases are skipped
-    /// otherwise.
+    /// Whether commands run as real processes under `/bin/sh`; the command cases are listed
+    /// only for such executors (and fail if listed for another).
     fn runs_commands(&self) -> bool;
     /// Whether a process group exists (only asked when [`Fixture::runs_commands`]).
     fn process_group_alive(&self, group: i32) -> bool;
     /// Whether a process exists (only asked when [`Fixture::runs_commands`]).
     fn process_alive(&self, pid: i32) -> bool;
+}
+
+/// A case that needs real processes fails, instead of passing without running, when it is
+/// listed for an executor that runs none (list it only where it can run).
+pub fn require_commands(f: &dyn Fixture) {
+    assert!(
+        f.runs_commands(),
+        "this case needs an executor that runs commands; do not list it for this one"
+    );
 }
 
 /// How long a case waits for a condition.
@@ -753,12 +762,10 @@ pub async fn command_start_requires_an_id_and_a_bounded_command(f: &dyn Fixture)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Commands (skipped by executors that run no real processes).
+// Commands (listed only for executors that run real processes).
 
 pub async fn a_command_reports_its_stdout_stderr_and_exit_code(f: &dyn Fixture) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let status = run(f, command("c-ok", "echo out; echo err >&2", 0)).await;
     assert_eq!(status.command_id, "c-ok");
     assert_eq!(status.state, CommandState::Succeeded);
@@ -778,9 +785,7 @@ pub async fn a_command_reports_its_stdout_stderr_and_exit_code(f: &dyn Fixture) 
 }
 
 pub async fn a_command_runs_in_the_workspace_with_exactly_the_fixed_environment(f: &dyn Fixture) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let root = f.workspace_root();
     let status = run(f, command("c-env", "pwd; env | sort", 0)).await;
     assert_eq!(status.state, CommandState::Succeeded);
@@ -806,9 +811,7 @@ pub async fn a_command_runs_in_the_workspace_with_exactly_the_fixed_environment(
 pub async fn a_command_that_exceeds_its_timeout_is_cancelled_and_its_process_group_is_gone(
     f: &dyn Fixture,
 ) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let script = "echo $$ > group.pid; sleep 60 & sleep 60; echo unreachable";
     let status = run(f, command("c-timeout", script, 300)).await;
     assert_eq!(status.state, CommandState::Cancelled);
@@ -827,9 +830,7 @@ pub async fn a_command_that_exceeds_its_timeout_is_cancelled_and_its_process_gro
 }
 
 pub async fn a_detached_writer_is_killed_before_the_receipt(f: &dyn Fixture) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     // `setsid` leaves the command's process group; only the subreaper sweep can find it.
     let script = "setsid sh -c 'echo $$ > bg.pid; while :; do echo tick >> bg.log; sleep 0.01; done' \
                   </dev/null >/dev/null 2>&1 & \
@@ -846,9 +847,7 @@ pub async fn a_detached_writer_is_killed_before_the_receipt(f: &dyn Fixture) {
 }
 
 pub async fn output_beyond_the_cap_is_cut_and_flagged_truncated(f: &dyn Fixture) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let script = "head -c 6000000 /dev/zero | tr '\\0' 'a'; echo tail >&2";
     let status = run(f, command("c-big", script, 0)).await;
     assert_eq!(
@@ -871,9 +870,7 @@ pub async fn output_beyond_the_cap_is_cut_and_flagged_truncated(f: &dyn Fixture)
 }
 
 pub async fn reading_a_file_over_the_limit_is_resource_exhausted(f: &dyn Fixture) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     run(
         f,
         command("c-bigfile", "head -c 5242881 /dev/zero > big.bin", 0),
@@ -889,9 +886,7 @@ pub async fn reading_a_file_over_the_limit_is_resource_exhausted(f: &dyn Fixture
 }
 
 pub async fn the_receipt_is_sha256_of_the_id_nul_stdout_nul_stderr(f: &dyn Fixture) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let status = run(f, command("receipt-1", "printf out; printf err >&2", 0)).await;
     assert_eq!(
         status.terminal_receipt,
@@ -905,9 +900,7 @@ pub async fn the_receipt_is_sha256_of_the_id_nul_stdout_nul_stderr(f: &dyn Fixtu
 }
 
 pub async fn closing_stdin_cancels_a_running_command(f: &dyn Fixture) {
-    if !f.runs_commands() {
-        return;
-    }
+    require_commands(f);
     let (handle, signal) = CancelHandle::new();
     let request = command("c-cancel", "echo $$ > cancel.pid; echo begun; sleep 60", 0);
     let running = f.transport().execute(f.target(), request, signal);
