@@ -94,3 +94,61 @@ async fn each_environment_gets_one_supervisor_on_its_own_workspace_reused_by_lat
     assert_eq!(mode.permissions().mode() & 0o777, 0o700);
     assert!(supervisors.connect("../escape").await.is_err());
 }
+
+/// The transport seam: `dev`'s executor opens an enrolled session for an environment when the
+/// helper runs without isolation, and refuses (`Unsupported`, nothing started) when sandboxed.
+#[tokio::test]
+async fn the_dev_executor_opens_enrolled_sessions_only_without_isolation() {
+    use execution_provider::executor::local::LocalTransport;
+    use execution_provider::executor::{
+        DevExecutor, ExecutorTarget, ExecutorTransport, SupervisorTarget, TransportError,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let workspaces = dir.path().join("workspaces");
+    let helper = env!("CARGO_BIN_EXE_execution-helper");
+    let target = SupervisorTarget {
+        executor: ExecutorTarget {
+            namespace: "dev".into(),
+            pod_name: "exec-a".into(),
+            environment: "exec-a".into(),
+        },
+        pod_uid: "local".into(),
+    };
+    let sandboxed = DevExecutor::new(
+        LocalTransport::new(helper, &workspaces),
+        dir.path().join("supervisors"),
+        b"dev key".to_vec(),
+    );
+    assert!(matches!(
+        sandboxed.supervisor(&target).await.err(),
+        Some(TransportError::Unsupported)
+    ));
+    assert!(!dir.path().join("supervisors").exists(), "nothing started");
+
+    let executor = DevExecutor::new(
+        LocalTransport::unisolated(helper, &workspaces),
+        dir.path().join("supervisors"),
+        b"dev key".to_vec(),
+    );
+    let mut session = executor.supervisor(&target).await.unwrap();
+    let reply = session.call(&start("op-echo", "echo seam")).await.unwrap();
+    assert!(matches!(reply, SupervisorReply::Status(_)), "{reply:?}");
+    // A second session reaches the same supervisor, which knows the command.
+    let again = executor.supervisor(&target).await.unwrap();
+    assert_eq!(again.hello().boot_id, session.hello().boot_id);
+    assert!(
+        again.enrolled_with_our_secret(),
+        "the first session enrolled it"
+    );
+    let bad = SupervisorTarget {
+        executor: ExecutorTarget {
+            environment: "../escape".into(),
+            ..target.executor.clone()
+        },
+        ..target.clone()
+    };
+    assert!(matches!(
+        executor.supervisor(&bad).await.err(),
+        Some(TransportError::InvalidTarget { .. })
+    ));
+}

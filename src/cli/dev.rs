@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::dev_kubectl::{self, KubectlEndpoint};
 use super::state_dir::StateDir;
+use crate::executor::dev_executor::{self, DevExecutor};
 use crate::executor::local::LocalTransport;
 use crate::health;
 use crate::kube::apiserver::ApiServer;
@@ -166,7 +167,14 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         })?;
         isolated
     };
-    let executor = Arc::new(executor);
+    let key_path = state.security_dir().join(dev_executor::SUPERVISOR_KEY_FILE);
+    let supervisor_key = dev_executor::load_or_create_key(&key_path, runtime.ids.as_ref())
+        .with_context(|| format!("cannot read or create {}", key_path.display()))?;
+    let executor = Arc::new(DevExecutor::new(
+        executor,
+        state.root().join(dev_executor::SUPERVISOR_SOCKETS_DIR),
+        supervisor_key,
+    ));
     let listener = TokioNet
         .bind(args.listen)
         .await

@@ -5,6 +5,7 @@
 //! implement the same trait; [`HelperExecBackend`] lets the in-process API server run the local
 //! helper behind `pods/exec`.
 
+pub mod dev_executor;
 pub mod exec_backend;
 pub mod local;
 pub mod local_supervisor;
@@ -14,6 +15,7 @@ pub mod supervisor_client;
 pub mod supervisor_protocol;
 pub mod transport;
 
+pub use dev_executor::DevExecutor;
 pub use exec_backend::HelperExecBackend;
 pub use local::LocalTransport;
 pub use pod_exec::PodExecutor;
@@ -22,5 +24,6 @@ pub use protocol::{
     ExecutorResponse, FileInfo, GrepMatch, Operation,
 };
 pub use transport::{
-    BoxFuture, CancelHandle, CancelSignal, ExecutorTarget, ExecutorTransport, TransportError,
+    BoxFuture, CancelHandle, CancelSignal, ExecutorTarget, ExecutorTransport, SupervisorSession,
+    SupervisorTarget, TransportError,
 };

@@ -132,6 +132,26 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SupervisorConnection<R, W> {
         self.call(&request).await
     }
 
+    /// The same connection over boxed stream halves, so that sessions over different streams
+    /// (a Unix socket, a relay session) have one type.
+    pub fn boxed(
+        self,
+    ) -> SupervisorConnection<Box<dyn AsyncRead + Send + Unpin>, Box<dyn AsyncWrite + Send + Unpin>>
+    where
+        R: Send + 'static,
+        W: Send + 'static,
+    {
+        SupervisorConnection {
+            reader: Box::new(self.reader),
+            writer: Box::new(self.writer),
+            hello: self.hello,
+            binding: self.binding,
+            secret: self.secret,
+            request_index: self.request_index,
+            reply_index: self.reply_index,
+        }
+    }
+
     /// Gives back the stream halves (to close the writing side, for example).
     pub fn into_parts(self) -> (R, W) {
         (self.reader, self.writer)

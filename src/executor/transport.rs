@@ -8,11 +8,13 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 use super::protocol::{
     DecodeError, ErrorCode, ExecutorEnvelope, ExecutorRequest, MAX_JSON_BODY, decode_strict,
 };
+use super::supervisor_client::SupervisorConnection;
 
 /// A boxed, sendable future, so that the trait stays dyn-compatible.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -28,6 +30,24 @@ pub struct ExecutorTarget {
     /// directory by it.
     pub environment: String,
 }
+
+/// The executor Pod whose supervisor a session is opened with: the target plus the Pod's UID,
+/// which the per-Pod secret is derived with (docs/commands.md §4.2).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SupervisorTarget {
+    /// The executor Pod.
+    pub executor: ExecutorTarget,
+    /// The Pod's UID as the status records it (`status.pod.uid`).
+    pub pod_uid: String,
+}
+
+/// The reading half of a supervisor session's byte stream (a Unix socket, a relay session).
+pub type SessionReader = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half of a supervisor session's byte stream.
+pub type SessionWriter = Box<dyn AsyncWrite + Send + Unpin>;
+/// An authenticated connection to one environment's supervisor, enrolled with its secret:
+/// every request is tagged and every reply verified by [`SupervisorConnection`].
+pub type SupervisorSession = SupervisorConnection<SessionReader, SessionWriter>;
 
 /// Runs helper requests in executors.
 ///
@@ -48,6 +68,21 @@ pub trait ExecutorTransport: Send + Sync + 'static {
         request: ExecutorRequest,
         cancel: CancelSignal,
     ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>>;
+
+    /// Opens an authenticated session with the supervisor of `target`'s executor
+    /// (docs/commands.md §4): connected, the hello read, and enrolled with the Pod's secret
+    /// when the supervisor was not yet. Nothing is started by opening a session.
+    ///
+    /// Errors: [`TransportError::Unsupported`] when this executor has no supervisor (the
+    /// default); [`TransportError::InvalidTarget`] for a target it cannot name; anything else
+    /// (unreachable, refused enrollment, a forged answer) is [`TransportError::StreamFailed`].
+    fn supervisor<'a>(
+        &'a self,
+        target: &'a SupervisorTarget,
+    ) -> BoxFuture<'a, Result<SupervisorSession, TransportError>> {
+        let _ = target;
+        Box::pin(async { Err(TransportError::Unsupported) })
+    }
 }
 
 /// Why a helper call gave no structured answer.
@@ -83,6 +118,10 @@ pub enum TransportError {
     /// The envelope had neither a response nor an error.
     #[error("executor returned no result")]
     NoResult,
+    /// This executor has no supervisor, so it cannot run supervised (detached, streamed,
+    /// interactive) commands; nothing was sent.
+    #[error("supervised commands are not supported by this executor")]
+    Unsupported,
 }
 
 impl TransportError {
@@ -97,6 +136,7 @@ impl TransportError {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             TransportError::RequestTooLarge { .. } => Some(ErrorCode::ResourceExhausted),
+            TransportError::Unsupported => Some(ErrorCode::InvalidArgument),
             _ => None,
         }
     }

@@ -1,0 +1,161 @@
+//! The executor of `dev` and the in-process tests: one-shot helper calls through the local
+//! transport ([`LocalTransport`]) and supervisor sessions through [`LocalSupervisors`]
+//! (docs/commands.md §4.1, §11).
+//!
+//! Supervisors are offered only where they add no host access the helper does not already
+//! have: with `dev --unsafe-no-isolation`. A sandboxed `dev` runs each helper call in its
+//! environment's sandbox, and the supervisor is not yet the init of that sandbox
+//! (docs/sandbox.md), so there [`ExecutorTransport::supervisor`] answers
+//! [`TransportError::Unsupported`] rather than run commands outside the sandbox.
+
+use std::path::PathBuf;
+
+use super::local::{Isolation, LocalTransport};
+use super::local_supervisor::{LocalSupervisorError, LocalSupervisors};
+use super::protocol::{ExecutorEnvelope, ExecutorRequest};
+use super::transport::{
+    BoxFuture, CancelSignal, ExecutorTarget, ExecutorTransport, SupervisorSession,
+    SupervisorTarget, TransportError,
+};
+
+/// Where `dev` keeps the supervisor key, relative to the security directory.
+pub const SUPERVISOR_KEY_FILE: &str = "supervisor.key";
+/// The directory of the supervisors' sockets, relative to the state directory (mode 0700).
+pub const SUPERVISOR_SOCKETS_DIR: &str = "supervisors";
+
+/// The local executor: the helper, and supervisors when isolation is off.
+pub struct DevExecutor {
+    helper: LocalTransport,
+    supervisors: Option<LocalSupervisors>,
+}
+
+impl DevExecutor {
+    /// An executor running helper calls with `helper` and, when `helper` runs without
+    /// isolation, supervisors with their sockets in `sockets` and their secrets derived from
+    /// `key`.
+    pub fn new(helper: LocalTransport, sockets: impl Into<PathBuf>, key: Vec<u8>) -> Self {
+        let supervisors = (helper.isolation == Isolation::None).then(|| {
+            LocalSupervisors::new(
+                helper.helper.clone(),
+                helper.workspaces.clone(),
+                sockets,
+                key,
+            )
+        });
+        Self {
+            helper,
+            supervisors,
+        }
+    }
+
+    /// Whether this executor can open supervisor sessions.
+    pub fn supervises(&self) -> bool {
+        self.supervisors.is_some()
+    }
+
+    async fn open(&self, target: &SupervisorTarget) -> Result<SupervisorSession, TransportError> {
+        let Some(supervisors) = &self.supervisors else {
+            return Err(TransportError::Unsupported);
+        };
+        match supervisors.connect(&target.executor.environment).await {
+            Ok(connection) => Ok(connection.boxed()),
+            Err(LocalSupervisorError::Target(error)) => Err(error),
+            Err(error) => Err(TransportError::stream(error.to_string())),
+        }
+    }
+}
+
+impl ExecutorTransport for DevExecutor {
+    fn execute<'a>(
+        &'a self,
+        target: &'a ExecutorTarget,
+        request: ExecutorRequest,
+        cancel: CancelSignal,
+    ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
+        self.helper.execute(target, request, cancel)
+    }
+
+    fn supervisor<'a>(
+        &'a self,
+        target: &'a SupervisorTarget,
+    ) -> BoxFuture<'a, Result<SupervisorSession, TransportError>> {
+        Box::pin(self.open(target))
+    }
+}
+
+/// Reads the 32-byte supervisor key at `path`, writing a fresh one from `ids` (mode 0600) when
+/// there is none yet.
+pub fn load_or_create_key(
+    path: &std::path::Path,
+    ids: &dyn crate::runtime::IdSource,
+) -> std::io::Result<Vec<u8>> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::read(path) {
+        Ok(key) if key.len() == 32 => return Ok(key),
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} is not a 32-byte key", path.display()),
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut key = vec![0; 32];
+    ids.fill(&mut key);
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(&key)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_is_created_once_private_and_then_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SUPERVISOR_KEY_FILE);
+        let ids = crate::runtime::SeededIds::new(7);
+        let key = load_or_create_key(&path, &ids).unwrap();
+        assert_eq!(key.len(), 32);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(load_or_create_key(&path, &ids).unwrap(), key);
+        std::fs::write(&path, b"short").unwrap();
+        assert!(load_or_create_key(&path, &ids).is_err());
+    }
+
+    #[test]
+    fn a_sandboxed_helper_gets_no_supervisor() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let executor = DevExecutor::new(
+            LocalTransport::new("/nonexistent/helper", "/nonexistent/workspaces"),
+            "/nonexistent/supervisors",
+            vec![0; 32],
+        );
+        assert!(!executor.supervises());
+        let target = SupervisorTarget {
+            executor: ExecutorTarget {
+                namespace: "dev".into(),
+                pod_name: "exec-a".into(),
+                environment: "exec-a".into(),
+            },
+            pod_uid: "local".into(),
+        };
+        let opened = runtime.block_on(executor.supervisor(&target));
+        assert!(matches!(opened, Err(TransportError::Unsupported)));
+    }
+}
