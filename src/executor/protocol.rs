@@ -38,6 +38,11 @@ pub fn command_output_cap(limit: i64) -> usize {
 /// The helper's ceiling for one command (30 minutes).
 pub const MAX_COMMAND_DURATION: Duration = Duration::from_secs(30 * 60);
 
+/// The helper's own deadline for one file operation: shorter than the transport's (120 s, see
+/// `executor::local::FILE_OPERATION_DEADLINE`), so the helper answers and exits before the
+/// transport gives up on it.
+pub const HELPER_FILE_DEADLINE: Duration = Duration::from_secs(100);
+
 /// The bound on a command: `timeout_ms` if positive and smaller than
 /// [`MAX_COMMAND_DURATION`], else [`MAX_COMMAND_DURATION`].
 pub fn command_timeout(timeout_ms: i64) -> Duration {

@@ -33,6 +33,10 @@ pub enum HelperError {
     /// A bound was exceeded.
     #[error("{0}")]
     ResourceExhausted(&'static str),
+    /// A mutating operation did not finish before its deadline: whether it took effect is
+    /// unknown.
+    #[error("executor operation did not finish in time")]
+    Unfinished,
     /// Anything else; the detail stays in the helper.
     #[error("{INTERNAL_MESSAGE}")]
     Internal(String),
@@ -54,6 +58,7 @@ impl HelperError {
             HelperError::NotEmpty => ErrorCode::Conflict,
             HelperError::VersionMismatch => ErrorCode::VersionMismatch,
             HelperError::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
+            HelperError::Unfinished => ErrorCode::FenceUnknown,
             HelperError::Internal(_) => ErrorCode::Internal,
         }
     }

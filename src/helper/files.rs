@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use cap_std::fs::{File, Metadata, MetadataExt as _, OpenOptions, OpenOptionsExt as _};
 use sha2::Digest as _;
 
+use super::durable;
 use super::error::HelperError;
 use super::workspace::{FILE_MODE, Workspace, base_name};
 use crate::executor::protocol::{
@@ -85,9 +86,21 @@ pub fn stat(ws: &Workspace, path: &Path) -> Result<ExecutorResponse, HelperError
     })
 }
 
-/// `file.create`: exclusive create (0644) after creating missing parents (0755).
+/// `file.create`: exclusive create (0644) after creating missing parents (0755); the file and
+/// the directories whose entries changed are synced before the answer.
 pub fn create(ws: &Workspace, path: &Path, data: &[u8]) -> Result<ExecutorResponse, HelperError> {
-    ws.create_parents(path)?;
+    let created_parents = ws.create_parents(path)?;
+    write_new(ws, path, data, created_parents)?;
+    Ok(version_response(content_version(data)))
+}
+
+/// Creates `path` exclusively with `data` and makes it durable.
+fn write_new(
+    ws: &Workspace,
+    path: &Path,
+    data: &[u8],
+    created_parents: usize,
+) -> Result<(), HelperError> {
     let mut file = ws.dir().open_with(
         path,
         OpenOptions::new()
@@ -96,7 +109,8 @@ pub fn create(ws: &Workspace, path: &Path, data: &[u8]) -> Result<ExecutorRespon
             .mode(FILE_MODE),
     )?;
     file.write_all(data)?;
-    Ok(version_response(content_version(data)))
+    durable::sync_file(&file, path)?;
+    durable::sync_new_entry(ws, path, created_parents)
 }
 
 /// `file.replace`: compare-and-swap on the SHA-256 version, then an in-place truncating write.
@@ -121,6 +135,7 @@ pub fn replace(
     file.set_len(0)?;
     file.seek(SeekFrom::Start(0))?;
     file.write_all(data)?;
+    durable::sync_file(&file, path)?;
     Ok(version_response(content_version(data)))
 }
 
@@ -162,10 +177,16 @@ pub fn remove(ws: &Workspace, path: &Path) -> Result<ExecutorResponse, HelperErr
     } else {
         ws.dir().remove_file(path)?;
     }
+    durable::sync_directory(ws, &durable::parent_of(path))?;
     Ok(ExecutorResponse::default())
 }
 
 /// `file.rename`: never clobbers; destination parents are created.
+///
+/// The kernel refuses an existing destination atomically (`RENAME_NOREPLACE`), so a writer
+/// creating the destination concurrently is never overwritten. Both names are resolved through
+/// the confined handle: the rename acts on their parent directories, each opened confined.
+/// A file system without `RENAME_NOREPLACE` gets an internal error, never a clobbering rename.
 pub fn rename(
     ws: &Workspace,
     source: &Path,
@@ -175,41 +196,55 @@ pub fn rename(
         return Err(HelperError::internal("cannot rename the workspace root"));
     }
     ws.dir().symlink_metadata(source)?;
-    refuse_existing(ws, destination)?;
-    ws.create_parents(destination)?;
-    ws.dir().rename(source, ws.dir(), destination)?;
+    let created_parents = ws.create_parents(destination)?;
+    let (source_dir, source_name) = (durable::parent_of(source), entry_name(source)?);
+    let (target_dir, target_name) = (durable::parent_of(destination), entry_name(destination)?);
+    let from = ws.dir().open_dir(&source_dir)?;
+    let to = ws.dir().open_dir(&target_dir)?;
+    rustix::fs::renameat_with(
+        &from,
+        source_name,
+        &to,
+        target_name,
+        rustix::fs::RenameFlags::NOREPLACE,
+    )
+    .map_err(io::Error::from)?;
+    durable::sync_directory(ws, &source_dir)?;
+    if target_dir != source_dir {
+        durable::sync_new_entry(ws, destination, created_parents)?;
+    }
     Ok(ExecutorResponse::default())
 }
 
-/// `file.copy`: a regular file to a new, exclusively created destination.
+/// The last component of a cleaned root-relative path.
+fn entry_name(relative: &Path) -> Result<&std::ffi::OsStr, HelperError> {
+    relative
+        .file_name()
+        .ok_or_else(|| HelperError::internal("a path without a final name"))
+}
+
+/// `file.copy`: a regular file, bounded like a write ([`MAX_FILE_BYTES`]), to a new,
+/// exclusively created destination, made durable like `file.create`.
 pub fn copy(
     ws: &Workspace,
     source: &Path,
     destination: &Path,
 ) -> Result<ExecutorResponse, HelperError> {
-    let mut input = open_regular(ws, source, Access::Read)?;
-    refuse_existing(ws, destination)?;
-    ws.create_parents(destination)?;
-    let mut output = ws.dir().open_with(
-        destination,
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(FILE_MODE),
-    )?;
-    let mut hasher = sha2::Sha256::new();
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let n = match input.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e.into()),
-        };
-        hasher.update(&buffer[..n]);
-        output.write_all(&buffer[..n])?;
+    let input = open_regular(ws, source, Access::Read)?;
+    if input.metadata()?.len() > MAX_FILE_BYTES as u64 {
+        return Err(HelperError::ResourceExhausted(FILE_TOO_LARGE));
     }
-    Ok(version_response(hex::encode(hasher.finalize())))
+    let mut data = Vec::new();
+    input
+        .take(MAX_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut data)?;
+    if data.len() > MAX_FILE_BYTES {
+        return Err(HelperError::ResourceExhausted(FILE_TOO_LARGE));
+    }
+    refuse_existing(ws, destination)?;
+    let created_parents = ws.create_parents(destination)?;
+    write_new(ws, destination, &data, created_parents)?;
+    Ok(version_response(content_version(&data)))
 }
 
 /// `file.resolve_authority`: the canonical target and the canonical root.
@@ -337,5 +372,61 @@ mod tests {
         rename(&ws, Path::new("a"), Path::new("moved/a")).unwrap();
         assert_eq!(std::fs::read(ws.root().join("moved/a")).unwrap(), b"A");
         assert_eq!(std::fs::read(ws.root().join("b")).unwrap(), b"B");
+    }
+
+    #[test]
+    fn rename_refuses_every_existing_destination_kind() {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(temp.path()).unwrap();
+        create(&ws, Path::new("a"), b"A").unwrap();
+        std::os::unix::fs::symlink("nowhere", ws.root().join("dangling")).unwrap();
+        std::fs::create_dir(ws.root().join("empty")).unwrap();
+        for existing in ["dangling", "empty"] {
+            assert!(matches!(
+                rename(&ws, Path::new("a"), Path::new(existing)),
+                Err(HelperError::AlreadyExists)
+            ));
+        }
+        assert_eq!(std::fs::read(ws.root().join("a")).unwrap(), b"A");
+        assert!(ws.root().join("empty").is_dir());
+    }
+
+    #[test]
+    fn copy_is_bounded_like_a_write() {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(temp.path()).unwrap();
+        std::fs::write(ws.root().join("big"), vec![b'x'; MAX_FILE_BYTES + 1]).unwrap();
+        let err = copy(&ws, Path::new("big"), Path::new("out/big")).unwrap_err();
+        assert!(
+            matches!(err, HelperError::ResourceExhausted(FILE_TOO_LARGE)),
+            "{err:?}"
+        );
+        assert!(!ws.root().join("out").exists(), "nothing is created");
+        std::fs::write(ws.root().join("edge"), vec![b'y'; MAX_FILE_BYTES]).unwrap();
+        let copied = copy(&ws, Path::new("edge"), Path::new("edge2")).unwrap();
+        assert_eq!(copied.version, content_version(&vec![b'y'; MAX_FILE_BYTES]));
+    }
+
+    #[test]
+    fn every_acknowledged_write_is_synced_with_the_directories_it_changed() {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(temp.path()).unwrap();
+        durable::take_synced();
+        create(&ws, Path::new("d/e/f"), b"1").unwrap();
+        assert_eq!(
+            durable::take_synced(),
+            ["file d/e/f", "dir d/e", "dir d", "dir ."]
+        );
+        let version = content_version(b"1");
+        replace(&ws, Path::new("d/e/f"), b"2", &version).unwrap();
+        assert_eq!(durable::take_synced(), ["file d/e/f"]);
+        copy(&ws, Path::new("d/e/f"), Path::new("d/g")).unwrap();
+        assert_eq!(durable::take_synced(), ["file d/g", "dir d"]);
+        rename(&ws, Path::new("d/g"), Path::new("h/g")).unwrap();
+        assert_eq!(durable::take_synced(), ["dir d", "dir h", "dir ."]);
+        rename(&ws, Path::new("h/g"), Path::new("h/i")).unwrap();
+        assert_eq!(durable::take_synced(), ["dir h"]);
+        remove(&ws, Path::new("h/i")).unwrap();
+        assert_eq!(durable::take_synced(), ["dir h"]);
     }
 }

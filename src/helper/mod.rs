@@ -8,6 +8,7 @@
 //! from the `--workspace` flag set by the launcher, never from the request.
 
 pub mod command;
+pub mod durable;
 pub mod error;
 pub mod files;
 pub mod glob;
@@ -23,12 +24,13 @@ use std::future::Future;
 use std::io::{BufRead, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::executor::protocol::{
-    ExecutorEnvelope, ExecutorRequest, ExecutorResponse, MAX_COMMAND_OUTPUT, MAX_FILE_BYTES,
-    MAX_JSON_BODY, MAX_LIST_ENTRIES, MAX_PATH_BYTES, Operation, decode_strict,
+    ExecutorEnvelope, ExecutorRequest, ExecutorResponse, HELPER_FILE_DEADLINE, MAX_COMMAND_OUTPUT,
+    MAX_FILE_BYTES, MAX_JSON_BODY, MAX_LIST_ENTRIES, MAX_PATH_BYTES, Operation, decode_strict,
 };
 use error::{BOUNDS_MESSAGE, HelperError};
 use workspace::Workspace;
@@ -202,30 +204,45 @@ async fn perform(
 ) -> Result<ExecutorResponse, HelperError> {
     let request: ExecutorRequest =
         decode_strict(&frame?).map_err(|e| HelperError::InvalidArgument(e.to_string()))?;
-    let ws = Workspace::open(root).map_err(|e| HelperError::internal(e.to_string()))?;
-    check_bounds(&request)?;
+    if request.operation == Operation::CommandStart {
+        let ws = Workspace::open(root).map_err(|e| HelperError::internal(e.to_string()))?;
+        check_bounds(&request)?;
+        let status = command::start(ws.root(), &request, cancelled, subreaper).await?;
+        return Ok(ExecutorResponse {
+            command: Some(status),
+            ..ExecutorResponse::default()
+        });
+    }
+    let mutating = mutates_workspace(&request.operation);
+    let root = root.to_path_buf();
+    within_deadline(HELPER_FILE_DEADLINE, mutating, move || {
+        let ws = Workspace::open(&root).map_err(|e| HelperError::internal(e.to_string()))?;
+        check_bounds(&request)?;
+        file_operation(&ws, &request)
+    })
+    .await
+}
+
+/// Performs one file operation (anything but `command.start`).
+fn file_operation(
+    ws: &Workspace,
+    request: &ExecutorRequest,
+) -> Result<ExecutorResponse, HelperError> {
     let path = || ws.resolve(&request.path);
     let destination = || ws.resolve(&request.destination);
     match &request.operation {
-        Operation::FileRead => files::read(&ws, &path()?),
-        Operation::FileStat => files::stat(&ws, &path()?),
-        Operation::FileCreate => files::create(&ws, &path()?, &request.data),
-        Operation::FileReplace => files::replace(&ws, &path()?, &request.data, &request.version),
-        Operation::FileList => files::list(&ws, &path()?, effective_limit(request.limit)),
-        Operation::FileRemove => files::remove(&ws, &path()?),
-        Operation::FileRename => files::rename(&ws, &path()?, &destination()?),
-        Operation::FileCopy => files::copy(&ws, &path()?, &destination()?),
-        Operation::FileResolveAuthority => files::resolve_authority(&ws, &path()?),
-        Operation::CommandStart => {
-            let status = command::start(ws.root(), &request, cancelled, subreaper).await?;
-            Ok(ExecutorResponse {
-                command: Some(status),
-                ..ExecutorResponse::default()
-            })
-        }
-        Operation::FileGlob => search::glob(&ws, &request.pattern, effective_limit(request.limit)),
+        Operation::FileRead => files::read(ws, &path()?),
+        Operation::FileStat => files::stat(ws, &path()?),
+        Operation::FileCreate => files::create(ws, &path()?, &request.data),
+        Operation::FileReplace => files::replace(ws, &path()?, &request.data, &request.version),
+        Operation::FileList => files::list(ws, &path()?, effective_limit(request.limit)),
+        Operation::FileRemove => files::remove(ws, &path()?),
+        Operation::FileRename => files::rename(ws, &path()?, &destination()?),
+        Operation::FileCopy => files::copy(ws, &path()?, &destination()?),
+        Operation::FileResolveAuthority => files::resolve_authority(ws, &path()?),
+        Operation::FileGlob => search::glob(ws, &request.pattern, effective_limit(request.limit)),
         Operation::FileGrep => search::grep(
-            &ws,
+            ws,
             &request.pattern,
             &request.path,
             effective_limit(request.limit),
@@ -234,6 +251,45 @@ async fn perform(
         _ => Err(HelperError::InvalidArgument(
             PROVIDER_ONLY_MESSAGE.to_owned(),
         )),
+    }
+}
+
+/// Whether an operation may change the workspace (so an unfinished one has an unknown effect).
+fn mutates_workspace(operation: &Operation) -> bool {
+    matches!(
+        operation,
+        Operation::FileCreate
+            | Operation::FileReplace
+            | Operation::FileRemove
+            | Operation::FileRename
+            | Operation::FileCopy
+    )
+}
+
+/// Runs a blocking file operation on its own thread and answers by `deadline` at the latest: a
+/// stalled file system (a hung network volume) cannot keep the helper past the transport's
+/// deadline. Past it, a mutating operation answers [`HelperError::Unfinished`] (its effect is
+/// unknown, so the provider fences) and a read-only one an internal error; the helper then
+/// exits, which ends the thread.
+pub async fn within_deadline<T: Send + 'static>(
+    deadline: Duration,
+    mutating: bool,
+    operation: impl FnOnce() -> Result<T, HelperError> + Send + 'static,
+) -> Result<T, HelperError> {
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("file-operation".to_owned())
+        .spawn(move || {
+            let _ = answer.send(operation());
+        })
+        .map_err(|e| HelperError::internal(e.to_string()))?;
+    match tokio::time::timeout(deadline, answered).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(HelperError::internal(
+            "the file operation ended without an answer",
+        )),
+        Err(_) if mutating => Err(HelperError::Unfinished),
+        Err(_) => Err(HelperError::internal("file operation deadline exceeded")),
     }
 }
 
@@ -358,5 +414,36 @@ mod tests {
         assert_eq!(effective_limit(0), MAX_LIST_ENTRIES);
         assert_eq!(effective_limit(5), 5);
         assert_eq!(effective_limit(MAX_LIST_ENTRIES as i64), MAX_LIST_ENTRIES);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_file_operation_answers_by_its_deadline() {
+        let (_release, stalled) = std::sync::mpsc::channel::<()>();
+        let stalled = std::sync::Arc::new(std::sync::Mutex::new(stalled));
+        let stall = |stalled: std::sync::Arc<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>| {
+            move || {
+                let _ = stalled.lock().unwrap().recv();
+                Ok(ExecutorResponse::default())
+            }
+        };
+        let bounded = within_deadline(Duration::from_millis(50), true, stall(stalled.clone()));
+        let answer = tokio::time::timeout(Duration::from_secs(20), bounded)
+            .await
+            .expect("the helper answers by its own deadline");
+        assert_eq!(answer.unwrap_err().code(), ErrorCode::FenceUnknown);
+        let (_release, stalled) = std::sync::mpsc::channel::<()>();
+        let stalled = std::sync::Arc::new(std::sync::Mutex::new(stalled));
+        let bounded = within_deadline(Duration::from_millis(50), false, stall(stalled));
+        let answer = tokio::time::timeout(Duration::from_secs(20), bounded)
+            .await
+            .expect("the helper answers by its own deadline");
+        assert_eq!(answer.unwrap_err().code(), ErrorCode::Internal);
+        let quick = within_deadline(Duration::from_secs(20), true, || Ok(7)).await;
+        assert_eq!(quick.unwrap(), 7);
+    }
+
+    #[test]
+    fn the_helper_gives_up_before_the_transport_does() {
+        assert!(HELPER_FILE_DEADLINE < crate::executor::local::FILE_OPERATION_DEADLINE);
     }
 }

@@ -85,23 +85,39 @@ impl Workspace {
         Ok(canonical)
     }
 
-    /// Creates the missing parent directories of `relative` (mode 0755). Existing parents are
-    /// checked through the confined handle, so a parent symlink leaving the root is refused.
-    pub fn create_parents(&self, relative: &Path) -> Result<(), HelperError> {
+    /// Creates the missing parent directories of `relative` (mode 0755) and returns how many
+    /// it created. Existing parents are checked through the confined handle, so a parent
+    /// symlink leaving the root is refused.
+    pub fn create_parents(&self, relative: &Path) -> Result<usize, HelperError> {
         let Some(parent) = relative.parent().filter(|p| !p.as_os_str().is_empty()) else {
-            return Ok(());
+            return Ok(0);
         };
         match self.dir.metadata(parent) {
-            Ok(meta) if meta.is_dir() => Ok(()),
+            Ok(meta) if meta.is_dir() => Ok(0),
             Ok(_) => Err(HelperError::internal("a parent is not a directory")),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let missing = self.missing_ancestors(parent);
                 let mut builder = DirBuilder::new();
                 builder.recursive(true).mode(DIR_MODE);
                 self.dir.create_dir_with(parent, &builder)?;
-                Ok(())
+                Ok(missing)
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// How many of `relative` and its ancestors do not exist yet (`relative` is missing).
+    fn missing_ancestors(&self, relative: &Path) -> usize {
+        let mut missing = 1;
+        let mut current = relative.parent();
+        while let Some(ancestor) = current.filter(|a| !a.as_os_str().is_empty()) {
+            if self.dir.symlink_metadata(ancestor).is_ok() {
+                break;
+            }
+            missing += 1;
+            current = ancestor.parent();
+        }
+        missing
     }
 
     fn relative_of(&self, canonical: &Path) -> Result<PathBuf, HelperError> {
