@@ -99,6 +99,7 @@ pub fn reconciler(deps: &Dependencies, settings: &Settings) -> Arc<Reconciler> {
         ReconcilerConfig {
             namespace: settings.namespace.clone(),
             executor_service_account: settings.executor_service_account.clone(),
+            cache_sync_deadline: crate::reconciler::DEFAULT_CACHE_SYNC_DEADLINE,
         },
         deps.templates.clone(),
         deps.runtime.clone(),
@@ -118,7 +119,8 @@ pub async fn run<N: Net>(
 }
 
 /// [`run`] with a reconciler the caller also watches (for the health endpoints). Nothing is
-/// served when its start-up checks fail.
+/// served when its start-up checks fail; when the reconciler stops with an error (its caches
+/// never filled), the server is shut down and that error returned.
 pub async fn run_with<N: Net>(
     deps: Dependencies,
     settings: Settings,
@@ -134,7 +136,21 @@ pub async fn run_with<N: Net>(
         deps.executor.clone(),
         deps.runtime.clone(),
     );
-    let reconciling = tokio::spawn(reconciler.run(shutdown.clone().wait()));
+    let (stop_serving, serving_stopped) = Shutdown::new();
+    let stop_serving = Arc::new(stop_serving);
+    let reconciling = tokio::spawn({
+        let stop_serving = stop_serving.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            let result = reconciler.run(shutdown.wait()).await;
+            stop_serving.trigger();
+            result
+        }
+    });
+    let forwarding = tokio::spawn(async move {
+        shutdown.wait().await;
+        stop_serving.trigger();
+    });
     let service = ProviderService::new(store, deps.security.clone());
     let served = server::serve::<N>(
         listener,
@@ -142,12 +158,16 @@ pub async fn run_with<N: Net>(
         &deps.security,
         deps.metrics.rpc(),
         settings.connections,
-        shutdown.wait(),
+        serving_stopped.wait(),
     )
     .await;
+    forwarding.abort();
     match reconciling.await {
         Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::error!(%error, "reconciler stopped"),
+        Ok(Err(error)) => {
+            tracing::error!(%error, "reconciler stopped");
+            return Err(error.into());
+        }
         Err(error) => tracing::error!(%error, "reconciler task failed"),
     }
     Ok(served?)

@@ -12,6 +12,10 @@ use reconciler_support::*;
 use serde_json::json;
 
 async fn refused(world: &World) -> (String, std::sync::Arc<Reconciler>) {
+    refused_as(world, "profile-resource-unavailable").await
+}
+
+async fn refused_as(world: &World, reason: &str) -> (String, std::sync::Arc<Reconciler>) {
     let templates = registry();
     let reconciler = world.reconciler(&templates, EXECUTOR_ACCOUNT);
     let version = world.api.resource_version();
@@ -21,10 +25,7 @@ async fn refused(world: &World) -> (String, std::sync::Arc<Reconciler>) {
         version,
         "preflight writes nothing"
     );
-    assert_eq!(
-        reconciler.readiness_reason(),
-        "profile-resource-unavailable"
-    );
+    assert_eq!(reconciler.readiness_reason(), reason);
     assert!(!reconciler.is_ready());
     (error.to_string(), reconciler)
 }
@@ -76,8 +77,52 @@ async fn initialize_refuses_a_missing_storage_class_or_ledger() {
     let world = World::bare();
     world.add_runtime_class("sandboxed", None).await;
     world.add_storage_class("standard").await;
-    let (message, _) = refused(&world).await;
-    assert!(message.contains("capacity ledger ConfigMap"), "{message}");
+    let (message, _) = refused_as(&world, "capacity-ledger-unavailable").await;
+    assert!(
+        message.starts_with("capacity ledger: capacity ledger ConfigMap"),
+        "{message}"
+    );
+}
+
+/// k8s-executor §2.1: a cache that cannot fill (here the executor Pods cannot be listed) is a
+/// start-up failure with its own readiness reason, never a replica that waits forever, and the
+/// replica is not ready while only the environment cache is filled.
+#[tokio::test]
+async fn a_cache_that_never_fills_ends_start_up_with_an_error() {
+    for kind in ["pods", "persistentvolumeclaims"] {
+        let world = World::new().await;
+        let templates = registry();
+        world.create_env(&templates).await;
+        world.hooks.rule(hooks::Rule {
+            method: "GET",
+            path: kind,
+            suffix: "",
+            times: usize::MAX,
+            action: hooks::Action::Refuse(403, "Forbidden", "injected list refusal"),
+        });
+        let reconciler = world.reconciler_syncing_within(&templates, Duration::from_secs(3));
+        let running = tokio::spawn(reconciler.clone().run(std::future::pending()));
+        let mut ever_ready = false;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !running.is_finished() {
+            ever_ready |= reconciler.is_ready();
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{kind}: start-up gives up by its deadline"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!ever_ready, "{kind}: never ready without every cache");
+        let error = running.await.unwrap().unwrap_err();
+        assert!(
+            error.to_string().contains("caches did not fill"),
+            "{kind}: {error}"
+        );
+        assert_eq!(
+            reconciler.readiness_reason(),
+            "controller-cache-unavailable"
+        );
+    }
 }
 
 #[tokio::test]

@@ -102,6 +102,9 @@ pub enum InitError {
     /// A RuntimeClass or StorageClass the templates name is missing or unusable.
     #[error("profile preflight: {0}")]
     Preflight(String),
+    /// The capacity ledger ConfigMap is missing or cannot be read.
+    #[error("capacity ledger: {0}")]
+    Ledger(String),
     /// The caches of environments, Pods or PVCs could not be filled.
     #[error("execution environment informer failed to sync: {0}")]
     Cache(String),
@@ -112,6 +115,7 @@ impl InitError {
     pub fn readiness_reason(&self) -> &'static str {
         match self {
             Self::Preflight(_) => "profile-resource-unavailable",
+            Self::Ledger(_) => "capacity-ledger-unavailable",
             Self::Cache(_) => "controller-cache-unavailable",
         }
     }

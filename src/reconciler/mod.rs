@@ -56,8 +56,12 @@ const NOT_READY_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// How long a lifecycle phase that waits for Kubernetes looks again without an event.
 const WAITING_REQUEUE: Duration = Duration::from_secs(5);
 
-/// How often start-up looks whether the environment cache has filled.
+/// How often start-up looks whether the caches have filled.
 const SYNC_POLL: Duration = Duration::from_millis(100);
+
+/// How long start-up waits for the environment, Pod and PVC caches to fill before it gives up
+/// (the process then exits non-zero instead of staying unready forever).
+pub const DEFAULT_CACHE_SYNC_DEADLINE: Duration = Duration::from_secs(120);
 
 /// What the reconciler needs.
 #[derive(Clone, Debug)]
@@ -66,6 +70,8 @@ pub struct ReconcilerConfig {
     pub namespace: String,
     /// The service account executor Pods run as (dedicated, never `default`).
     pub executor_service_account: String,
+    /// How long the caches may take to fill at start-up ([`DEFAULT_CACHE_SYNC_DEADLINE`]).
+    pub cache_sync_deadline: Duration,
 }
 
 /// What a successful reconcile asks for next.
@@ -102,6 +108,7 @@ pub struct Reconciler {
     ctx: Context,
     init: OnceCell<Result<(), InitError>>,
     synced: std::sync::atomic::AtomicBool,
+    cache_failure: std::sync::OnceLock<InitError>,
     queued: std::sync::atomic::AtomicU64,
     failures: Mutex<BTreeMap<String, u32>>,
     waiting: Mutex<BTreeMap<String, u32>>,
@@ -124,6 +131,7 @@ impl Reconciler {
             },
             init: OnceCell::new(),
             synced: Default::default(),
+            cache_failure: Default::default(),
             queued: Default::default(),
             failures: Default::default(),
             waiting: Default::default(),
@@ -141,10 +149,10 @@ impl Reconciler {
                 );
                 match ledgers.get_opt(LEDGER_CONFIGMAP_NAME).await {
                     Ok(Some(_)) => Ok(()),
-                    Ok(None) => Err(InitError::Preflight(format!(
+                    Ok(None) => Err(InitError::Ledger(format!(
                         "capacity ledger ConfigMap {LEDGER_CONFIGMAP_NAME:?} is missing (the Helm chart creates it)"
                     ))),
-                    Err(e) => Err(InitError::Preflight(format!(
+                    Err(e) => Err(InitError::Ledger(format!(
                         "capacity ledger ConfigMap {LEDGER_CONFIGMAP_NAME:?} unavailable: {e}"
                     ))),
                 }
@@ -153,9 +161,12 @@ impl Reconciler {
             .clone()
     }
 
-    /// `ready`, `profile-resource-unavailable`, `controller-cache-unavailable` or
-    /// `controller-starting`.
+    /// `ready`, `profile-resource-unavailable`, `capacity-ledger-unavailable`,
+    /// `controller-cache-unavailable` or `controller-starting`.
     pub fn readiness_reason(&self) -> &'static str {
+        if let Some(failure) = self.cache_failure.get() {
+            return failure.readiness_reason();
+        }
         match self.init.get() {
             Some(Err(e)) => e.readiness_reason(),
             Some(Ok(())) if self.synced.load(std::sync::atomic::Ordering::SeqCst) => "ready",
@@ -186,7 +197,9 @@ impl Reconciler {
         Box::pin(flow::reconcile(&self.ctx, name)).await
     }
 
-    /// Initialises, then reconciles until `shutdown` completes.
+    /// Initialises, then reconciles until `shutdown` completes. Fails when a cache (of
+    /// environments, executor Pods or workspace PVCs) does not fill within the configured
+    /// deadline: readiness then reports `controller-cache-unavailable`.
     pub async fn run(
         self: Arc<Self>,
         shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -209,41 +222,95 @@ impl Reconciler {
                 |env: &ExecutionEnvironment| Some(enqueue::trigger_fingerprint(env)),
                 Default::default(),
             );
+        let (pod_cache, pod_writer) = reflector::store();
+        let pod_events = watcher(pods, labelled())
+            .default_backoff()
+            .reflect(pod_writer)
+            .touched_objects();
+        let (pvc_cache, pvc_writer) = reflector::store();
+        let pvc_events = watcher(pvcs, labelled())
+            .default_backoff()
+            .reflect(pvc_writer)
+            .touched_objects();
         let controller = Controller::for_stream(triggers, reader)
-            .watches(pods, labelled(), move |pod: Pod| {
+            .watches_stream(pod_events, move |pod: Pod| {
                 by_label(pod.metadata.labels.as_ref(), &pod_ns)
             })
-            .watches(pvcs, labelled(), move |pvc: PersistentVolumeClaim| {
+            .watches_stream(pvc_events, move |pvc: PersistentVolumeClaim| {
                 by_label(pvc.metadata.labels.as_ref(), &pvc_ns)
             });
-        let store = controller.store();
-        let marker = self.clone();
-        tokio::spawn(async move {
-            // A waiter registered before the cache fills is not always woken, so look again
-            // on a short period until the first full listing is in.
+        let env_cache = controller.store();
+        let deadline = self.ctx.config.cache_sync_deadline;
+        let syncing = self
+            .clone()
+            .mark_synced(deadline, env_cache, pod_cache, pvc_cache);
+        let last_error = Arc::new(Mutex::new(String::new()));
+        let seen_error = last_error.clone();
+        let reconciling = controller
+            .graceful_shutdown_on(shutdown)
+            .run(reconcile_object, error_policy, self.clone())
+            .for_each(move |result| {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "reconcile failed");
+                    *seen_error.lock().expect("error lock") = error.to_string();
+                }
+                async {}
+            });
+        tokio::pin!(reconciling, syncing);
+        let synced = tokio::select! {
+            () = &mut reconciling => return Ok(()),
+            synced = &mut syncing => synced,
+        };
+        if synced {
+            reconciling.await;
+            return Ok(());
+        }
+        let last = last_error.lock().expect("error lock").clone();
+        let failure = InitError::Cache(format!(
+            "the environment, Pod and PVC caches did not fill within {deadline:?}{}{last}",
+            if last.is_empty() {
+                ""
+            } else {
+                "; last error: "
+            }
+        ));
+        let _ = self.cache_failure.set(failure.clone());
+        Err(failure)
+    }
+
+    /// Waits until all three caches are filled, then marks the reconciler synced; `false`
+    /// when `deadline` passed first. A cache dropped before it filled (the controller is
+    /// shutting down) never answers.
+    async fn mark_synced(
+        self: Arc<Self>,
+        deadline: Duration,
+        envs: reflector::Store<ExecutionEnvironment>,
+        pods: reflector::Store<Pod>,
+        pvcs: reflector::Store<PersistentVolumeClaim>,
+    ) -> bool {
+        let all_filled = async {
+            // A waiter registered before a cache fills is not always woken, so look again on a
+            // short period until every first listing is in.
             loop {
-                match tokio::time::timeout(SYNC_POLL, store.wait_until_ready()).await {
-                    Ok(Ok(())) => {
-                        marker
-                            .synced
-                            .store(true, std::sync::atomic::Ordering::SeqCst);
-                        return;
-                    }
-                    Ok(Err(_)) => return,
+                let filled = async {
+                    envs.wait_until_ready().await?;
+                    pods.wait_until_ready().await?;
+                    pvcs.wait_until_ready().await
+                };
+                match tokio::time::timeout(SYNC_POLL, filled).await {
+                    Ok(Ok(())) => return true,
+                    Ok(Err(_)) => std::future::pending::<()>().await,
                     Err(_) => {}
                 }
             }
-        });
-        controller
-            .graceful_shutdown_on(shutdown)
-            .run(reconcile_object, error_policy, self)
-            .for_each(|result| async move {
-                if let Err(error) = result {
-                    tracing::debug!(%error, "reconcile failed");
-                }
-            })
-            .await;
-        Ok(())
+        };
+        let filled = tokio::time::timeout(deadline, all_filled)
+            .await
+            .unwrap_or(false);
+        if filled {
+            self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        filled
     }
 
     fn next_action(&self, name: &str, next: Next) -> Action {

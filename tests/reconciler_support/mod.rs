@@ -16,7 +16,7 @@ use execution_provider::kube::crd::{
     ExecutorResources, LEDGER_CONFIGMAP_NAME, SCHEMA_VERSION, condition, ledger_key, pod_name,
     pvc_name,
 };
-use execution_provider::reconciler::{Reconciler, ReconcilerConfig};
+use execution_provider::reconciler::{DEFAULT_CACHE_SYNC_DEADLINE, Reconciler, ReconcilerConfig};
 use execution_provider::runtime::{Runtime, SeededIds, clock::OffsetClock};
 use execution_provider::templates::{ProfileSpec, TemplateRegistry, canonical_template_revision};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
@@ -184,11 +184,30 @@ impl World {
     }
 
     pub fn reconciler(&self, templates: &TemplateRegistry, account: &str) -> Arc<Reconciler> {
+        self.reconciler_with(templates, account, DEFAULT_CACHE_SYNC_DEADLINE)
+    }
+
+    /// A reconciler whose caches must fill within `deadline`.
+    pub fn reconciler_syncing_within(
+        &self,
+        templates: &TemplateRegistry,
+        deadline: Duration,
+    ) -> Arc<Reconciler> {
+        self.reconciler_with(templates, EXECUTOR_ACCOUNT, deadline)
+    }
+
+    fn reconciler_with(
+        &self,
+        templates: &TemplateRegistry,
+        account: &str,
+        cache_sync_deadline: Duration,
+    ) -> Arc<Reconciler> {
         Reconciler::new(
             self.hooks.client(NAMESPACE),
             ReconcilerConfig {
                 namespace: NAMESPACE.to_owned(),
                 executor_service_account: account.to_owned(),
+                cache_sync_deadline,
             },
             Arc::new(templates.clone()),
             self.runtime.clone(),
