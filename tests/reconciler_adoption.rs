@@ -377,3 +377,66 @@ async fn scheduling_variants_a_cluster_may_produce_are_adopted_and_tampering_is_
         assert!(world.env().await.status.unwrap().pod.is_none(), "{what}");
     }
 }
+
+/// An executor Pod of the previous release's shape (a controller owner reference instead of
+/// the allocation-uid label, the API server's defaults for the fields this release renders)
+/// keeps serving after an upgrade: the reconciler moves its metadata to the current shape, the
+/// same Pod with the same UID, so the garbage collector can no longer delete it ahead of the
+/// provider's lifecycle. It is neither refused nor fenced.
+#[tokio::test]
+async fn a_previous_release_pod_is_moved_to_the_current_shape_and_stays_ready() {
+    use execution_provider::kube::crd::{ConditionStatus, FenceState, LABEL_ALLOCATION_UID};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    let world = World::new().await;
+    let templates = registry();
+    let env = world.create_env(&templates).await;
+    let reconciler = world.reconciler(&templates, EXECUTOR_ACCOUNT);
+    reconciler.reconcile(ENV).await.unwrap();
+    let owner = OwnerReference {
+        api_version: "execution.mecatl.dev/v1alpha1".to_owned(),
+        kind: "ExecutionEnvironment".to_owned(),
+        name: ENV.to_owned(),
+        uid: env.metadata.uid.clone().unwrap(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    world
+        .replace_pod(move |p| {
+            p.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .remove(LABEL_ALLOCATION_UID);
+            p.metadata.owner_references = Some(vec![owner]);
+            let spec = p.spec.as_mut().unwrap();
+            spec.enable_service_links = Some(true);
+            spec.security_context
+                .as_mut()
+                .unwrap()
+                .fs_group_change_policy = None;
+        })
+        .await;
+    world.mark_pod_ready().await;
+    let before = world.pod().await.unwrap();
+    reconciler.reconcile(ENV).await.unwrap();
+    let after = world.pod().await.unwrap();
+    assert_eq!(after.metadata.uid, before.metadata.uid, "the same Pod");
+    assert!(
+        after
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty(),
+        "the owner reference is gone"
+    );
+    assert_eq!(
+        after.metadata.labels.unwrap().get(LABEL_ALLOCATION_UID),
+        env.metadata.uid.as_ref()
+    );
+    let env = world.env().await;
+    assert_eq!(ready(&env).map(|(s, _)| s), Some(ConditionStatus::True));
+    assert_ne!(
+        env.status.unwrap().fence_state,
+        Some(FenceState::FenceUnknown)
+    );
+}

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::api::{Api, PostParams};
 
 use super::error::ReconcileError;
-use super::validate_pod::validate_pod;
+use super::validate_pod::{PodShape, validate_pod};
 use super::{Context, render, status};
 use crate::kube::crd::{ExecutionEnvironment, pod_name};
 use crate::templates::ExecutionSpec;
@@ -67,8 +67,46 @@ pub async fn ensure_pod(
             Err(e) => return Err(ReconcileError::kube(&name, "create Pod")(e)),
         },
     };
-    validate_pod(env, spec, account, &pod).map_err(|what| ReconcileError::mismatch(&name, what))?;
-    Ok(pod)
+    let shape = validate_pod(env, spec, account, &pod)
+        .map_err(|what| ReconcileError::mismatch(&name, what))?;
+    match shape {
+        PodShape::Current => Ok(pod),
+        // Boxed: the reconcile future stays small enough for a 2 MiB stack in debug builds.
+        PodShape::Previous => Box::pin(move_to_current_shape(&api, env, spec, account, pod)).await,
+    }
+}
+
+/// Moves an adopted previous-shape executor's metadata to the current shape, by
+/// compare-and-swap on its resourceVersion: the controller owner reference goes (the garbage
+/// collector could otherwise delete the Pod ahead of the provider's lifecycle under a
+/// foreground cascading delete of the environment) and the allocation-uid label arrives. The
+/// Pod and its UID stay; the result must validate as the current shape.
+async fn move_to_current_shape(
+    api: &Api<Pod>,
+    env: &ExecutionEnvironment,
+    spec: &ExecutionSpec,
+    account: &str,
+    pod: Pod,
+) -> Result<Pod, ReconcileError> {
+    let name = env.metadata.name.clone().unwrap_or_default();
+    let mut moved = pod;
+    moved.metadata.owner_references = None;
+    moved.metadata.labels = Some(render::executor_labels(env));
+    let moved = api
+        .replace(&pod_name(&name), &PostParams::default(), &moved)
+        .await
+        .map_err(ReconcileError::kube(
+            &name,
+            "move executor Pod to the current shape",
+        ))?;
+    match validate_pod(env, spec, account, &moved) {
+        Ok(PodShape::Current) => Ok(moved),
+        Ok(PodShape::Previous) => Err(ReconcileError::mismatch(
+            &name,
+            "pod kept its owner reference",
+        )),
+        Err(what) => Err(ReconcileError::mismatch(&name, what)),
+    }
 }
 
 /// Whether the Pod is not terminating and its Ready condition is True.

@@ -10,12 +10,11 @@ use k8s_openapi::api::core::v1::{
     VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::ObjectMeta;
 
 use crate::kube::crd::{
-    EXECUTOR_FINALIZER, ExecutionEnvironment, GROUP, KIND, LABEL_ALLOCATION_UID, LABEL_ENVIRONMENT,
-    LABEL_REVISION, LABEL_TEMPLATE_ID, VERSION, pod_name, pvc_name, template_label,
+    EXECUTOR_FINALIZER, ExecutionEnvironment, LABEL_ALLOCATION_UID, LABEL_ENVIRONMENT,
+    LABEL_REVISION, LABEL_TEMPLATE_ID, pod_name, pvc_name, template_label,
 };
 use crate::templates::ExecutionSpec;
 
@@ -23,6 +22,12 @@ use crate::templates::ExecutionSpec;
 pub const EXECUTOR_UID: i64 = 65532;
 /// The idle process of the executor container; all work arrives through the helper.
 pub const EXECUTOR_COMMAND: [&str; 3] = ["/bin/sh", "-c", "trap : TERM INT; sleep infinity & wait"];
+/// The Pod's termination grace: the same 30 s the lifecycle's own deletes give it, stated so
+/// that no cluster default changes it.
+pub const EXECUTOR_TERMINATION_GRACE_SECONDS: i64 = 30;
+/// Volume ownership is changed only when the workspace root does not already match the
+/// fsGroup, so a large workspace is not walked and chowned on every start.
+pub const FS_GROUP_CHANGE_POLICY: &str = "OnRootMismatch";
 /// Where the workspace is mounted.
 pub const WORKSPACE_MOUNT: &str = "/workspace";
 /// Tolerations appended unless configured with effect NoExecute.
@@ -71,39 +76,44 @@ pub fn workspace_pvc(env: &ExecutionEnvironment, spec: &ExecutionSpec) -> Persis
 }
 
 /// The hardened executor Pod of k8s-executor §2.5.
+///
+/// It names its environment by labels (environment, template id and the environment's UID as
+/// allocation-uid, like the PVC) and has **no owner reference**: the garbage collector must
+/// never delete it, which it would do first under
+/// `kubectl delete executionenvironment X --cascade=foreground`. Only the provider's own
+/// lifecycle deletes the executor, after its termination proof.
 pub fn executor_pod(
     env: &ExecutionEnvironment,
     spec: &ExecutionSpec,
     service_account: &str,
 ) -> Pod {
     let name = name_of(env);
-    let labels = BTreeMap::from([
-        (LABEL_ENVIRONMENT.to_owned(), name.clone()),
-        (
-            LABEL_TEMPLATE_ID.to_owned(),
-            template_label(&env.spec.template_id),
-        ),
-    ]);
-    let owner = OwnerReference {
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: KIND.to_owned(),
-        name: name.clone(),
-        uid: env.metadata.uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    };
     Pod {
         metadata: ObjectMeta {
             name: Some(pod_name(&name)),
             namespace: env.metadata.namespace.clone(),
-            labels: Some(labels),
+            labels: Some(executor_labels(env)),
             finalizers: Some(vec![EXECUTOR_FINALIZER.to_owned()]),
-            owner_references: Some(vec![owner]),
             ..ObjectMeta::default()
         },
         spec: Some(pod_spec(&name, spec, service_account)),
         status: None,
     }
+}
+
+/// The labels of the executor Pod: environment, template id and allocation-uid.
+pub fn executor_labels(env: &ExecutionEnvironment) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_ENVIRONMENT.to_owned(), name_of(env)),
+        (
+            LABEL_TEMPLATE_ID.to_owned(),
+            template_label(&env.spec.template_id),
+        ),
+        (
+            LABEL_ALLOCATION_UID.to_owned(),
+            env.metadata.uid.clone().unwrap_or_default(),
+        ),
+    ])
 }
 
 fn pod_spec(name: &str, spec: &ExecutionSpec, service_account: &str) -> PodSpec {
@@ -121,11 +131,14 @@ fn pod_spec(name: &str, spec: &ExecutionSpec, service_account: &str) -> PodSpec 
         tolerations: Some(tolerations(spec)),
         runtime_class_name: Some(spec.runtime_class_name().to_owned()),
         restart_policy: Some("Never".to_owned()),
+        enable_service_links: Some(false),
+        termination_grace_period_seconds: Some(EXECUTOR_TERMINATION_GRACE_SECONDS),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(EXECUTOR_UID),
             run_as_group: Some(EXECUTOR_UID),
             fs_group: Some(EXECUTOR_UID),
+            fs_group_change_policy: Some(FS_GROUP_CHANGE_POLICY.to_owned()),
             seccomp_profile: Some(SeccompProfile {
                 type_: "RuntimeDefault".to_owned(),
                 localhost_profile: None,

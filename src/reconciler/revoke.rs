@@ -9,7 +9,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use super::Context;
 use super::error::ReconcileError;
 use super::pod::pod_terminal;
-use crate::kube::crd::{ExecutionEnvironment, pod_name};
+use crate::kube::crd::{ExecutionEnvironment, LABEL_ALLOCATION_UID, pod_name};
 
 /// Stops the environment's executor if it is verifiably this environment's.
 pub async fn stop_revoked_executor(
@@ -31,6 +31,14 @@ pub async fn stop_revoked_executor(
         return Ok(());
     };
     let env_uid = env.metadata.uid.clone().unwrap_or_default();
+    // The allocation-uid label (current shape) or the controller owner reference (previous
+    // shape) names the environment the Pod belongs to.
+    let labelled_uid = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_ALLOCATION_UID))
+        .map(String::as_str);
     let controller_uid = pod
         .metadata
         .owner_references
@@ -38,8 +46,10 @@ pub async fn stop_revoked_executor(
         .flatten()
         .find(|r| r.controller == Some(true))
         .map(|r| r.uid.as_str());
+    let owner_uid = labelled_uid.or(controller_uid);
     let verified = !env_uid.is_empty()
-        && controller_uid == Some(env_uid.as_str())
+        && owner_uid == Some(env_uid.as_str())
+        && controller_uid.is_none_or(|uid| uid == env_uid)
         && recorded.is_none_or(|r| Some(&r.uid) == pod.metadata.uid.as_ref());
     if !verified {
         return Err(ReconcileError::mismatch(

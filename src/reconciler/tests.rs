@@ -2,13 +2,16 @@
 //! hardened executor Pod and the retained workspace PVC), and checks that what it renders is
 //! what its own validation adopts.
 
-use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::api::core::v1::{Pod, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::ObjectMeta;
 
 use super::pvc::validate_pvc;
 use super::render::{executor_pod, workspace_pvc};
-use super::validate_pod::validate_pod;
-use crate::kube::crd::{ExecutionEnvironment, ExecutionEnvironmentSpec, ExecutorResources};
+use super::validate_pod::{PodShape, validate_pod};
+use crate::kube::crd::{
+    ExecutionEnvironment, ExecutionEnvironmentSpec, ExecutorResources, LABEL_ALLOCATION_UID,
+};
 use crate::templates::{TemplateRegistry, TemplateRevision};
 
 const FIXTURES: [&str; 2] = ["templates.yaml", "templates/history.yaml"];
@@ -88,7 +91,7 @@ fn what_the_reconciler_renders_its_own_validation_adopts() {
         let pod = executor_pod(&env, spec, "execution-executor");
         assert_eq!(
             validate_pod(&env, spec, "execution-executor", &pod),
-            Ok(()),
+            Ok(PodShape::Current),
             "{label}"
         );
         assert_eq!(
@@ -192,4 +195,96 @@ fn a_pod_is_terminal_only_when_every_declared_container_terminated_by_name() {
         )),
         "no containers"
     );
+}
+
+/// A Pod as the release before this one rendered it: a controller owner reference instead of
+/// the allocation-uid label, and the service links, fsGroup change policy and termination
+/// grace left to the API server's defaults.
+fn previous_shape(pod: &mut Pod, env: &ExecutionEnvironment) {
+    pod.metadata.labels.as_mut().unwrap().remove(LABEL_ALLOCATION_UID);
+    pod.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "execution.mecatl.dev/v1alpha1".to_owned(),
+        kind: "ExecutionEnvironment".to_owned(),
+        name: env.metadata.name.clone().unwrap(),
+        uid: env.metadata.uid.clone().unwrap(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    let spec = pod.spec.as_mut().unwrap();
+    spec.enable_service_links = Some(true);
+    spec.termination_grace_period_seconds = Some(30);
+    spec.security_context.as_mut().unwrap().fs_group_change_policy = None;
+}
+
+#[test]
+fn the_rendered_pod_has_no_owner_reference_and_names_its_environment_by_labels() {
+    let (_, revision) = every_revision().remove(0);
+    let env = environment(&revision);
+    let pod = executor_pod(&env, revision.execution(), "execution-executor");
+    assert!(pod.metadata.owner_references.is_none());
+    assert_eq!(
+        pod.metadata.labels.as_ref().unwrap().get(LABEL_ALLOCATION_UID),
+        env.metadata.uid.as_ref()
+    );
+    let spec = pod.spec.unwrap();
+    assert_eq!(spec.enable_service_links, Some(false));
+    assert_eq!(spec.termination_grace_period_seconds, Some(30));
+    assert_eq!(
+        spec.security_context.unwrap().fs_group_change_policy.as_deref(),
+        Some("OnRootMismatch")
+    );
+}
+
+#[test]
+fn a_previous_shape_pod_is_adopted_as_such_and_a_mixed_one_is_refused() {
+    let (_, revision) = every_revision().remove(0);
+    let env = environment(&revision);
+    let spec = revision.execution();
+    let check = |pod: &Pod| validate_pod(&env, spec, "execution-executor", pod);
+    let rendered = executor_pod(&env, spec, "execution-executor");
+
+    let mut previous = rendered.clone();
+    previous_shape(&mut previous, &env);
+    assert_eq!(check(&previous), Ok(PodShape::Previous));
+
+    let mut foreign_owner = previous.clone();
+    foreign_owner.metadata.owner_references.as_mut().unwrap()[0].uid = "other".to_owned();
+    assert_eq!(
+        check(&foreign_owner),
+        Err("pod owner reference is not this environment")
+    );
+    let mut two_owners = previous.clone();
+    let owner = two_owners.metadata.owner_references.as_ref().unwrap()[0].clone();
+    two_owners.metadata.owner_references.as_mut().unwrap().push(owner);
+    assert_eq!(
+        check(&two_owners),
+        Err("pod must have at most one owner reference")
+    );
+    let mut labelled_and_owned = rendered.clone();
+    labelled_and_owned.metadata.owner_references = previous.metadata.owner_references.clone();
+    assert_eq!(check(&labelled_and_owned), Err("pod labels differ"));
+
+    type Edit = fn(&mut Pod);
+    let current_only: [(&str, Edit); 3] = [
+        ("pod enables service links", |p| {
+            p.spec.as_mut().unwrap().enable_service_links = Some(true)
+        }),
+        ("pod termination grace differs", |p| {
+            p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(3600)
+        }),
+        ("pod fsGroup change policy differs", |p| {
+            let context = p.spec.as_mut().unwrap().security_context.as_mut().unwrap();
+            context.fs_group_change_policy = Some("Always".to_owned())
+        }),
+    ];
+    for (why, edit) in current_only {
+        let mut pod = rendered.clone();
+        edit(&mut pod);
+        assert_eq!(check(&pod), Err(why));
+    }
+
+    // A moved Pod: current metadata, the previous release's immutable spec defaults.
+    let mut moved = previous.clone();
+    moved.metadata = rendered.metadata.clone();
+    assert_eq!(check(&moved), Ok(PodShape::Current));
 }

@@ -1,6 +1,14 @@
 //! `validatePod` (k8s-executor §2.5): an existing executor Pod is adopted only when it has
 //! exactly the hardened shape the reconciler creates. Each check fails closed with its own
 //! message; quantities compare by value (DECISIONS 14).
+//!
+//! Two shapes are adopted: the [`PodShape::Current`] one [`render`] creates, and the
+//! [`PodShape::Previous`] one of the release before it (a controller owner reference instead
+//! of the allocation-uid label, and no explicit service links, fsGroup change policy or
+//! termination grace). A previous-shape Pod keeps serving; the reconciler moves its metadata
+//! to the current shape (see `pod::move_to_current_shape`), and the three spec fields, which
+//! cannot change on a Pod, arrive with the environment's next Pod: until then they are
+//! accepted either all as rendered or all as the API server defaulted them.
 
 use std::collections::BTreeMap;
 
@@ -9,66 +17,113 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
 use super::pvc::same_quantity;
 use super::render;
-use crate::kube::crd::{EXECUTOR_FINALIZER, ExecutionEnvironment};
+use crate::kube::crd::{EXECUTOR_FINALIZER, ExecutionEnvironment, GROUP, KIND, LABEL_ALLOCATION_UID, VERSION};
 use crate::templates::{ExecutionSpec, Quantity};
 
 /// The longest default toleration a cluster may set on the not-ready/unreachable suffix.
 const MAX_SUFFIX_SECONDS: i64 = 86_400;
 
-/// Whether `pod` is exactly the environment's executor; the error names the first mismatch.
+/// Which release's shape an adopted executor Pod has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodShape {
+    /// What this release renders.
+    Current,
+    /// What the release before it rendered; its metadata is moved to the current shape.
+    Previous,
+}
+
+/// Whether `pod` is exactly the environment's executor (in the current or the previous
+/// shape); the error names the first mismatch.
 pub fn validate_pod(
     env: &ExecutionEnvironment,
     spec: &ExecutionSpec,
     service_account: &str,
     pod: &Pod,
-) -> Result<(), &'static str> {
+) -> Result<PodShape, &'static str> {
     if pod.metadata.deletion_timestamp.is_some() {
         return Err("pod is terminating");
     }
     let expected = render::executor_pod(env, spec, service_account);
-    validate_metadata(env, &expected, pod)?;
+    let shape = validate_metadata(env, &expected, pod)?;
     let (Some(actual), Some(wanted)) = (pod.spec.as_ref(), expected.spec.as_ref()) else {
         return Err("pod has no spec");
     };
     validate_identity(spec, service_account, actual)?;
     validate_scheduling(spec, actual, wanted)?;
     validate_runtime(actual, wanted)?;
+    validate_since_previous(actual, wanted)?;
     validate_container(spec, &actual.containers[0], &wanted.containers[0])?;
-    validate_volumes(spec, actual, wanted)
+    validate_volumes(spec, actual, wanted)?;
+    Ok(shape)
 }
 
 fn validate_metadata(
     env: &ExecutionEnvironment,
     expected: &Pod,
     pod: &Pod,
-) -> Result<(), &'static str> {
-    if pod.metadata.labels != expected.metadata.labels {
-        return Err("pod labels differ");
-    }
+) -> Result<PodShape, &'static str> {
     let recorded = env.status.as_ref().and_then(|s| s.pod.as_ref());
     if recorded.is_some_and(|r| Some(&r.uid) != pod.metadata.uid.as_ref()) {
         return Err("pod UID differs from the recorded one");
     }
+    if pod.metadata.finalizers.as_deref() != Some(&[EXECUTOR_FINALIZER.to_owned()][..]) {
+        return Err("pod finalizers differ");
+    }
     let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
+    let env_uid = env.metadata.uid.as_deref().unwrap_or_default();
+    if env_uid.is_empty() {
+        return Err("environment has no UID");
+    }
+    if owners.is_empty() {
+        if pod.metadata.labels != expected.metadata.labels {
+            return Err("pod labels differ");
+        }
+        return Ok(PodShape::Current);
+    }
+    let mut previous_labels = expected.metadata.labels.clone().unwrap_or_default();
+    previous_labels.remove(LABEL_ALLOCATION_UID);
+    if pod.metadata.labels.as_ref() != Some(&previous_labels) {
+        return Err("pod labels differ");
+    }
     let [owner] = owners else {
-        return Err("pod must have exactly one owner reference");
+        return Err("pod must have at most one owner reference");
     };
-    let wanted = &expected
-        .metadata
-        .owner_references
-        .as_deref()
-        .unwrap_or_default()[0];
-    if owner.api_version != wanted.api_version
-        || owner.kind != wanted.kind
-        || owner.name != wanted.name
-        || owner.uid != wanted.uid
-        || owner.uid.is_empty()
+    if owner.api_version != format!("{GROUP}/{VERSION}")
+        || owner.kind != KIND
+        || Some(&owner.name) != env.metadata.name.as_ref()
+        || owner.uid != env_uid
         || owner.controller != Some(true)
     {
         return Err("pod owner reference is not this environment");
     }
-    if pod.metadata.finalizers.as_deref() != Some(&[EXECUTOR_FINALIZER.to_owned()][..]) {
-        return Err("pod finalizers differ");
+    Ok(PodShape::Previous)
+}
+
+/// The spec fields the current shape renders and the previous one left to the API server:
+/// either all three as rendered, or all three as the API server defaulted them for a Pod of
+/// the previous release (immutable, so a moved Pod keeps them until it is replaced).
+fn validate_since_previous(pod: &PodSpec, wanted: &PodSpec) -> Result<(), &'static str> {
+    let previous_defaults = matches!(pod.enable_service_links, None | Some(true))
+        && matches!(pod.termination_grace_period_seconds, None | Some(30))
+        && pod
+            .security_context
+            .as_ref()
+            .is_none_or(|c| c.fs_group_change_policy.is_none());
+    if previous_defaults {
+        return Ok(());
+    }
+    if pod.enable_service_links != Some(false) {
+        return Err("pod enables service links");
+    }
+    if pod.termination_grace_period_seconds != wanted.termination_grace_period_seconds {
+        return Err("pod termination grace differs");
+    }
+    let policy = pod
+        .security_context
+        .as_ref()
+        .and_then(|c| c.fs_group_change_policy.as_deref());
+    if policy != Some(render::FS_GROUP_CHANGE_POLICY) {
+        return Err("pod fsGroup change policy differs");
     }
     Ok(())
 }
