@@ -201,7 +201,11 @@ fn a_pod_is_terminal_only_when_every_declared_container_terminated_by_name() {
 /// the allocation-uid label, and the service links, fsGroup change policy and termination
 /// grace left to the API server's defaults.
 fn previous_shape(pod: &mut Pod, env: &ExecutionEnvironment) {
-    pod.metadata.labels.as_mut().unwrap().remove(LABEL_ALLOCATION_UID);
+    pod.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .remove(LABEL_ALLOCATION_UID);
     pod.metadata.owner_references = Some(vec![OwnerReference {
         api_version: "execution.mecatl.dev/v1alpha1".to_owned(),
         kind: "ExecutionEnvironment".to_owned(),
@@ -213,7 +217,10 @@ fn previous_shape(pod: &mut Pod, env: &ExecutionEnvironment) {
     let spec = pod.spec.as_mut().unwrap();
     spec.enable_service_links = Some(true);
     spec.termination_grace_period_seconds = Some(30);
-    spec.security_context.as_mut().unwrap().fs_group_change_policy = None;
+    spec.security_context
+        .as_mut()
+        .unwrap()
+        .fs_group_change_policy = None;
 }
 
 #[test]
@@ -223,14 +230,21 @@ fn the_rendered_pod_has_no_owner_reference_and_names_its_environment_by_labels()
     let pod = executor_pod(&env, revision.execution(), "execution-executor");
     assert!(pod.metadata.owner_references.is_none());
     assert_eq!(
-        pod.metadata.labels.as_ref().unwrap().get(LABEL_ALLOCATION_UID),
+        pod.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get(LABEL_ALLOCATION_UID),
         env.metadata.uid.as_ref()
     );
     let spec = pod.spec.unwrap();
     assert_eq!(spec.enable_service_links, Some(false));
     assert_eq!(spec.termination_grace_period_seconds, Some(30));
     assert_eq!(
-        spec.security_context.unwrap().fs_group_change_policy.as_deref(),
+        spec.security_context
+            .unwrap()
+            .fs_group_change_policy
+            .as_deref(),
         Some("OnRootMismatch")
     );
 }
@@ -255,7 +269,12 @@ fn a_previous_shape_pod_is_adopted_as_such_and_a_mixed_one_is_refused() {
     );
     let mut two_owners = previous.clone();
     let owner = two_owners.metadata.owner_references.as_ref().unwrap()[0].clone();
-    two_owners.metadata.owner_references.as_mut().unwrap().push(owner);
+    two_owners
+        .metadata
+        .owner_references
+        .as_mut()
+        .unwrap()
+        .push(owner);
     assert_eq!(
         check(&two_owners),
         Err("pod must have at most one owner reference")
@@ -287,4 +306,253 @@ fn a_previous_shape_pod_is_adopted_as_such_and_a_mixed_one_is_refused() {
     let mut moved = previous.clone();
     moved.metadata = rendered.metadata.clone();
     assert_eq!(check(&moved), Ok(PodShape::Current));
+}
+
+/// Issue 15 item 6: every security-relevant field the provider does not render is refused
+/// when an admission webhook (or anyone) sets it, each with its own message.
+#[test]
+fn every_security_relevant_unrendered_field_is_refused() {
+    use serde_json::json;
+    let (_, revision) = every_revision().remove(0);
+    let env = environment(&revision);
+    let spec = revision.execution();
+    let rendered = serde_json::to_value(executor_pod(&env, spec, "execution-executor")).unwrap();
+    let cases: Vec<(&str, &str, serde_json::Value)> = vec![
+        (
+            "pod shares a host namespace",
+            "/spec/hostNetwork",
+            json!(true),
+        ),
+        ("pod shares a host namespace", "/spec/hostPID", json!(true)),
+        ("pod shares a host namespace", "/spec/hostIPC", json!(true)),
+        (
+            "pod shares its process namespace",
+            "/spec/shareProcessNamespace",
+            json!(true),
+        ),
+        (
+            "pod runs in the host user namespace",
+            "/spec/hostUsers",
+            json!(true),
+        ),
+        (
+            "pod sets sysctls",
+            "/spec/securityContext/sysctls",
+            json!([{"name": "kernel.msgmax", "value": "1"}]),
+        ),
+        (
+            "pod adds supplemental groups",
+            "/spec/securityContext/supplementalGroups",
+            json!([0]),
+        ),
+        (
+            "pod sets SELinux or Windows options",
+            "/spec/securityContext/seLinuxOptions",
+            json!({"type": "spc_t"}),
+        ),
+        (
+            "pod AppArmor profile differs",
+            "/spec/securityContext/appArmorProfile",
+            json!({"type": "Unconfined"}),
+        ),
+        (
+            "pod DNS or host aliases differ",
+            "/spec/dnsConfig",
+            json!({"nameservers": ["1.1.1.1"]}),
+        ),
+        (
+            "pod DNS or host aliases differ",
+            "/spec/dnsPolicy",
+            json!("Default"),
+        ),
+        (
+            "pod DNS or host aliases differ",
+            "/spec/hostAliases",
+            json!([{"ip": "10.0.0.1", "hostnames": ["api"]}]),
+        ),
+        (
+            "pod claims devices",
+            "/spec/resourceClaims",
+            json!([{"name": "gpu"}]),
+        ),
+        (
+            "pod scheduler differs",
+            "/spec/schedulerName",
+            json!("elsewhere"),
+        ),
+        (
+            "executor container arguments or working directory differ",
+            "/spec/containers/0/args",
+            json!(["x"]),
+        ),
+        (
+            "executor container arguments or working directory differ",
+            "/spec/containers/0/workingDir",
+            json!("/"),
+        ),
+        (
+            "executor container environment differs",
+            "/spec/containers/0/env",
+            json!([{"name": "A", "value": "1"}]),
+        ),
+        (
+            "executor container environment differs",
+            "/spec/containers/0/envFrom",
+            json!([{"secretRef": {"name": "s"}}]),
+        ),
+        (
+            "executor container exposes ports",
+            "/spec/containers/0/ports",
+            json!([{"containerPort": 22}]),
+        ),
+        (
+            "executor container has probes or lifecycle hooks",
+            "/spec/containers/0/livenessProbe",
+            json!({"exec": {"command": ["true"]}}),
+        ),
+        (
+            "executor container has probes or lifecycle hooks",
+            "/spec/containers/0/readinessProbe",
+            json!({"exec": {"command": ["true"]}}),
+        ),
+        (
+            "executor container has probes or lifecycle hooks",
+            "/spec/containers/0/startupProbe",
+            json!({"exec": {"command": ["true"]}}),
+        ),
+        (
+            "executor container has probes or lifecycle hooks",
+            "/spec/containers/0/lifecycle",
+            json!({"postStart": {"exec": {"command": ["true"]}}}),
+        ),
+        (
+            "executor container takes a terminal or stdin",
+            "/spec/containers/0/stdin",
+            json!(true),
+        ),
+        (
+            "executor container takes a terminal or stdin",
+            "/spec/containers/0/tty",
+            json!(true),
+        ),
+        (
+            "executor container restart policy differs",
+            "/spec/containers/0/restartPolicy",
+            json!("Always"),
+        ),
+        (
+            "executor container has volume devices",
+            "/spec/containers/0/volumeDevices",
+            json!([{"name": "workspace", "devicePath": "/dev/x"}]),
+        ),
+        (
+            "executor volume mounts differ",
+            "/spec/containers/0/volumeMounts/0/mountPropagation",
+            json!("HostToContainer"),
+        ),
+        (
+            "executor volume mounts differ",
+            "/spec/containers/0/volumeMounts/0/subPathExpr",
+            json!("$(X)"),
+        ),
+        (
+            "executor seccomp or AppArmor profile differs",
+            "/spec/containers/0/securityContext/seccompProfile",
+            json!({"type": "Unconfined"}),
+        ),
+        (
+            "executor seccomp or AppArmor profile differs",
+            "/spec/containers/0/securityContext/appArmorProfile",
+            json!({"type": "Unconfined"}),
+        ),
+        (
+            "executor proc mount differs",
+            "/spec/containers/0/securityContext/procMount",
+            json!("Unmasked"),
+        ),
+        (
+            "executor group differs",
+            "/spec/containers/0/securityContext/runAsGroup",
+            json!(0),
+        ),
+        (
+            "executor sets SELinux or Windows options",
+            "/spec/containers/0/securityContext/seLinuxOptions",
+            json!({"type": "spc_t"}),
+        ),
+        (
+            "executor image pull policy differs",
+            "/spec/containers/0/imagePullPolicy",
+            json!("Always"),
+        ),
+    ];
+    for (why, pointer, value) in cases {
+        let mut pod = rendered.clone();
+        set_pointer(&mut pod, pointer, value);
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        assert_eq!(
+            validate_pod(&env, spec, "execution-executor", &pod),
+            Err(why),
+            "{pointer}"
+        );
+    }
+}
+
+/// What the API server, the scheduler and admission plugins set on a Pod the provider created
+/// is adopted: the provider's own Pod passes its own check after the control plane defaulted it.
+#[test]
+fn what_the_control_plane_defaults_is_adopted() {
+    use serde_json::json;
+    let (_, revision) = every_revision().remove(0);
+    let env = environment(&revision);
+    let spec = revision.execution();
+    let mut pod = serde_json::to_value(executor_pod(&env, spec, "execution-executor")).unwrap();
+    for (pointer, value) in [
+        ("/spec/nodeName", json!("node-1")),
+        ("/spec/dnsPolicy", json!("ClusterFirst")),
+        ("/spec/schedulerName", json!("default-scheduler")),
+        ("/spec/priority", json!(0)),
+        ("/spec/preemptionPolicy", json!("PreemptLowerPriority")),
+        ("/spec/overhead", json!({"memory": "10Mi"})),
+        ("/spec/hostUsers", json!(false)),
+        (
+            "/spec/containers/0/terminationMessagePath",
+            json!("/dev/termination-log"),
+        ),
+        ("/spec/containers/0/terminationMessagePolicy", json!("File")),
+        (
+            "/spec/containers/0/securityContext/procMount",
+            json!("Default"),
+        ),
+        (
+            "/spec/securityContext/supplementalGroupsPolicy",
+            json!("Merge"),
+        ),
+        (
+            "/metadata/uid",
+            json!("3f9a0000-0000-4000-8000-000000000002"),
+        ),
+        ("/metadata/resourceVersion", json!("12")),
+        ("/metadata/creationTimestamp", json!("2026-12-01T00:00:00Z")),
+    ] {
+        set_pointer(&mut pod, pointer, value);
+    }
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    assert_eq!(
+        validate_pod(&env, spec, "execution-executor", &pod),
+        Ok(PodShape::Current)
+    );
+}
+
+/// Sets the value at a JSON pointer, creating the last member if it is missing.
+fn set_pointer(value: &mut serde_json::Value, pointer: &str, new: serde_json::Value) {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    let parent = value.pointer_mut(parent).expect(pointer);
+    match parent {
+        serde_json::Value::Array(items) => items[key.parse::<usize>().unwrap()] = new,
+        serde_json::Value::Object(map) => {
+            map.insert(key.to_owned(), new);
+        }
+        _ => panic!("{pointer}: not a container"),
+    }
 }

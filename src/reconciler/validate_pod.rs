@@ -15,9 +15,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
+#[path = "validate_pod_unrendered.rs"]
+mod unrendered;
+
 use super::pvc::same_quantity;
 use super::render;
-use crate::kube::crd::{EXECUTOR_FINALIZER, ExecutionEnvironment, GROUP, KIND, LABEL_ALLOCATION_UID, VERSION};
+use crate::kube::crd::{
+    EXECUTOR_FINALIZER, ExecutionEnvironment, GROUP, KIND, LABEL_ALLOCATION_UID, VERSION,
+};
 use crate::templates::{ExecutionSpec, Quantity};
 
 /// The longest default toleration a cluster may set on the not-ready/unreachable suffix.
@@ -54,6 +59,8 @@ pub fn validate_pod(
     validate_since_previous(actual, wanted)?;
     validate_container(spec, &actual.containers[0], &wanted.containers[0])?;
     validate_volumes(spec, actual, wanted)?;
+    unrendered::validate_pod_fields(actual)?;
+    unrendered::validate_container_fields(&actual.containers[0])?;
     Ok(shape)
 }
 
@@ -247,6 +254,9 @@ fn validate_container(
         || actual.command != wanted.command
     {
         return Err("executor container name, image or command differs");
+    }
+    if actual.image_pull_policy != wanted.image_pull_policy {
+        return Err("executor image pull policy differs");
     }
     let mounts = actual.volume_mounts.as_deref().unwrap_or_default();
     let wanted_mounts = wanted.volume_mounts.as_deref().unwrap_or_default();
