@@ -75,6 +75,8 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const MAX_FOLLOWERS_PER_COMMAND: usize = 8;
 /// Most commands one list answer carries.
 pub const MAX_LIST: usize = 64;
+/// Most rows, and most columns, of a command's terminal.
+pub const MAX_PTY_SIDE: u16 = 1000;
 
 /// The supervisor's first, untagged frame.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -29,6 +29,8 @@ pub struct CommandEntry {
     pub started_at_ms: i64,
     /// Its retained window in bytes (reserved in the journal's budget).
     pub window: usize,
+    /// Runs on a terminal.
+    pub pty: bool,
     /// Followers streaming it now.
     pub followers: AtomicUsize,
     state: Mutex<EntryState>,
@@ -50,13 +52,14 @@ struct EntryState {
 }
 
 impl CommandEntry {
-    /// A running entry whose reaper takes frames from `control`.
+    /// A running entry whose reaper takes frames from `control`; on a terminal (`pty`) stdin
+    /// is open from the start.
     pub fn new(
         id: String,
         claim: ClaimTuple,
         started_at_ms: i64,
         window: usize,
-        stdin_open: bool,
+        (stdin_open, pty): (bool, bool),
         control: mpsc::UnboundedSender<ToReaper>,
     ) -> Self {
         Self {
@@ -64,6 +67,7 @@ impl CommandEntry {
             claim,
             started_at_ms,
             window,
+            pty,
             followers: AtomicUsize::new(0),
             state: Mutex::new(EntryState {
                 ring: OutputRing::new(window),
@@ -73,7 +77,7 @@ impl CommandEntry {
                 receipt: String::new(),
                 ended_at_ms: 0,
                 ended_at: None,
-                stdin_open,
+                stdin_open: stdin_open || pty,
                 stdin_queued: 0,
             }),
             changed: watch::channel(0).0,

@@ -13,6 +13,7 @@ pub mod reaper_process;
 pub mod reaper_wire;
 pub mod ring;
 pub mod service;
+pub mod terminal;
 
 use std::ffi::OsString;
 use std::os::linux::net::SocketAddrExt as _;

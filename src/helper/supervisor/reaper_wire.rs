@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::executor::protocol::ExecutorError;
-use crate::executor::supervisor_protocol::{CommandSignal, OutputStream, base64_bytes};
+use crate::executor::supervisor_protocol::{CommandSignal, OutputStream, PtySize, base64_bytes};
 
 /// Largest frame on the reaper link.
 pub const MAX_REAPER_FRAME: usize = 1024 * 1024;
@@ -26,6 +26,9 @@ pub enum ToReaper {
         timeout_ms: u64,
         /// Give the command a stdin pipe.
         stdin: bool,
+        /// Run the command on a new terminal of this size (stdin, stdout and stderr merged).
+        #[serde(default)]
+        pty: Option<PtySize>,
     },
     /// Bytes for the command's stdin.
     Stdin {
@@ -39,6 +42,11 @@ pub enum ToReaper {
     Signal {
         /// Which.
         signal: CommandSignal,
+    },
+    /// Set the window size of the command's terminal.
+    Resize {
+        /// The new size.
+        size: PtySize,
     },
     /// SIGTERM to the tree, `grace_ms`, then SIGKILL and the proof.
     Cancel {
@@ -55,6 +63,7 @@ impl std::fmt::Debug for ToReaper {
             ToReaper::Stdin { data } => write!(f, "Stdin({} bytes)", data.len()),
             ToReaper::CloseStdin => f.write_str("CloseStdin"),
             ToReaper::Signal { signal } => write!(f, "Signal({signal:?})"),
+            ToReaper::Resize { size } => write!(f, "Resize({}x{})", size.rows, size.cols),
             ToReaper::Cancel { grace_ms } => write!(f, "Cancel({grace_ms} ms)"),
         }
     }

@@ -17,8 +17,8 @@ use crate::executor::protocol::{ErrorCode, ExecutorError, MAX_COMMAND_BYTES};
 use crate::executor::supervisor_protocol::{
     CLAIM_KILL_GRACE, ClaimTuple, CommandView, DEFAULT_CANCEL_GRACE, DEFAULT_WINDOW,
     MAX_CANCEL_GRACE, MAX_ENV_TOTAL, MAX_ENV_VALUE, MAX_ENV_VARS, MAX_LEASE, MAX_LIST,
-    MAX_STATUS_BYTES, MAX_STDIN_CHUNK, MAX_STDIN_QUEUE, MAX_WINDOW, StartRequest, SupervisorReply,
-    SupervisorRequest, valid_command_id, valid_env_name,
+    MAX_PTY_SIDE, MAX_STATUS_BYTES, MAX_STDIN_CHUNK, MAX_STDIN_QUEUE, MAX_WINDOW, PtySize,
+    StartRequest, SupervisorReply, SupervisorRequest, valid_command_id, valid_env_name,
 };
 use crate::helper::reaper::SWEEP_WINDOW;
 use crate::runtime::Runtime;
@@ -141,10 +141,22 @@ impl Supervisor {
                 }
             },
             SupervisorRequest::Resize {
-                command_id, claim, ..
+                command_id,
+                claim,
+                size,
             } => match self.owned(&command_id, &claim) {
                 None => absent(),
-                Some(_) => refuse(ErrorCode::Conflict, "command has no terminal"),
+                Some(entry) if !entry.pty => refuse(ErrorCode::Conflict, "command has no terminal"),
+                Some(entry) if !entry.is_running() => {
+                    refuse(ErrorCode::Conflict, "command has ended")
+                }
+                Some(_) if !valid_pty_size(size) => {
+                    refuse(ErrorCode::InvalidArgument, "terminal size is out of range")
+                }
+                Some(entry) => {
+                    entry.send(ToReaper::Resize { size });
+                    SupervisorReply::Ok {}
+                }
             },
             SupervisorRequest::Cancel {
                 command_id,
@@ -194,12 +206,6 @@ impl Supervisor {
         if let Err(message) = validate_start(&start) {
             return refuse(ErrorCode::InvalidArgument, message);
         }
-        if start.pty.is_some() {
-            return refuse(
-                ErrorCode::InvalidArgument,
-                "terminal sessions are not supported by this executor",
-            );
-        }
         let window = match usize::try_from(start.window_bytes) {
             Ok(0) => DEFAULT_WINDOW,
             Ok(w) if w <= MAX_WINDOW => w,
@@ -237,7 +243,7 @@ impl Supervisor {
                 start.claim.clone(),
                 now_ms(&*self.runtime.clock),
                 window,
-                start.stdin,
+                (start.stdin, start.pty.is_some()),
                 launch.control.clone(),
             ));
             entry.send(ToReaper::Start {
@@ -246,6 +252,7 @@ impl Supervisor {
                 working_dir: start.working_dir.clone(),
                 timeout_ms: start.timeout_ms,
                 stdin: start.stdin,
+                pty: start.pty,
             });
             journal.extend_claim(
                 &start.claim.claim_id,
@@ -444,5 +451,13 @@ fn validate_start(start: &StartRequest) -> Result<(), &'static str> {
     if start.working_dir.contains('\0') || start.working_dir.len() > 4096 {
         return Err("working directory is not valid");
     }
+    if start.pty.is_some_and(|size| !valid_pty_size(size)) {
+        return Err("terminal size is out of range");
+    }
     Ok(())
+}
+
+/// 1..=[`MAX_PTY_SIDE`] rows and columns.
+fn valid_pty_size(size: PtySize) -> bool {
+    (1..=MAX_PTY_SIDE).contains(&size.rows) && (1..=MAX_PTY_SIDE).contains(&size.cols)
 }
