@@ -94,7 +94,7 @@ impl ProviderError {
 
 /// The reconciler of these dependencies and settings (not started).
 pub fn reconciler(deps: &Dependencies, settings: &Settings) -> Arc<Reconciler> {
-    Reconciler::new(
+    Reconciler::metered(
         deps.kube.clone(),
         ReconcilerConfig {
             namespace: settings.namespace.clone(),
@@ -103,6 +103,8 @@ pub fn reconciler(deps: &Dependencies, settings: &Settings) -> Arc<Reconciler> {
         },
         deps.templates.clone(),
         deps.runtime.clone(),
+        deps.metrics.lifecycle().clone(),
+        deps.metrics.reconcile().clone(),
     )
 }
 
@@ -133,9 +135,10 @@ pub async fn run_with<N: Net>(
         deps.kube.clone(),
         &settings.namespace,
         deps.templates.clone(),
-        deps.executor.clone(),
+        deps.metrics.executor().wrap(deps.executor.clone()),
         deps.runtime.clone(),
-    );
+    )
+    .with_metrics(deps.metrics.lifecycle().clone());
     let (stop_serving, serving_stopped) = Shutdown::new();
     let stop_serving = Arc::new(stop_serving);
     let reconciling = tokio::spawn({

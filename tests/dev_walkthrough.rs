@@ -360,6 +360,57 @@ async fn the_walk_is_counted_by_method_and_code_on_the_metrics_endpoint() {
         vec![("method".to_owned(), "StartCommand".to_owned())],
     );
     assert_eq!(samples.get(&timed), Some(&2.0), "{text}");
+    let sample = |name: &str, labels: &[(&str, &str)]| {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        samples
+            .get(&(name.to_owned(), labels))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let kube = "execution_provider_kube_api_requests_total";
+    let envs = "executionenvironments";
+    let watched = [("code", "200"), ("resource", envs), ("verb", "watch")];
+    assert!(sample(kube, &watched) >= 1.0, "{text}");
+    let status = [
+        ("code", "200"),
+        ("resource", "executionenvironments/status"),
+        ("verb", "update"),
+    ];
+    assert!(sample(kube, &status) >= 1.0, "{text}");
+    let executor = "execution_provider_executor_calls_total";
+    assert_eq!(
+        sample(
+            executor,
+            &[("operation", "command.start"), ("outcome", "ok")]
+        ),
+        1.0,
+        "{text}"
+    );
+    let claims = "execution_provider_claim_duration_seconds_count";
+    assert_eq!(sample(claims, &[("outcome", "ok")]), 1.0, "{text}");
+    let ready = "execution_provider_ensure_to_ready_seconds_count";
+    assert_eq!(sample(ready, &[]), 1.0, "{text}");
+    let phases = "execution_provider_environments";
+    assert_eq!(sample(phases, &[("phase", "Ready")]), 1.0, "{text}");
+    assert_eq!(sample(phases, &[("phase", "Fenced")]), 0.0, "{text}");
+    let reloads = "execution_provider_security_reloads_total";
+    assert!(
+        sample(reloads, &[("outcome", "installed")]) >= 1.0,
+        "{text}"
+    );
+    let generation = "execution_provider_security_authority_generation";
+    assert!(sample(generation, &[]) >= 1.0, "{text}");
+    let fences = "execution_provider_fences_total";
+    assert_eq!(
+        sample(fences, &[("reason", "lease_expired")]),
+        0.0,
+        "{text}"
+    );
+    let reconciles = "execution_provider_reconcile_duration_seconds_count";
+    assert!(sample(reconciles, &[]) >= 1.0, "{text}");
     for (name, labels) in samples.keys() {
         for (key, value) in labels {
             assert!(

@@ -14,7 +14,8 @@ use execution_provider::kube::crd::{
     ActiveOperation, ConditionStatus, ExecutionEnvironment, ExecutionEnvironmentStatus, FenceState,
     RfcTime, condition,
 };
-use execution_provider::reconciler::Reconciler;
+use execution_provider::metrics::Metrics;
+use execution_provider::reconciler::{Reconciler, ReconcilerConfig};
 use execution_provider::store::admin::AdminRequest;
 use execution_provider::store::naming::{client_hash, owner_hash};
 use execution_provider::store::{EnvRef, Store};
@@ -236,4 +237,67 @@ async fn an_acknowledged_recovery_landing_before_the_expiry_fence_stays_recovere
         ready(&world.env().await).map(|(_, reason)| reason),
         Some("FenceUnknown".to_owned())
     );
+}
+
+/// The value of the series `line_prefix` (`name{labels}`) in a scrape.
+fn scraped(metrics: &Metrics, series: &str) -> f64 {
+    let text = metrics.encode();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} is not in the scrape:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn fences_are_counted_once_by_reason_and_recoveries_by_outcome() {
+    let world = World::new().await;
+    let (store, _) = provisioned(&world).await;
+    let metrics = Metrics::new(Default::default(), world.runtime.clock.clone());
+    let templates = registry();
+    let reconciler = Reconciler::metered(
+        world.hooks.client(NAMESPACE),
+        ReconcilerConfig {
+            namespace: NAMESPACE.to_owned(),
+            executor_service_account: EXECUTOR_ACCOUNT.to_owned(),
+            cache_sync_deadline: execution_provider::reconciler::DEFAULT_CACHE_SYNC_DEADLINE,
+        },
+        Arc::new(templates),
+        world.runtime.clone(),
+        metrics.lifecycle().clone(),
+        metrics.reconcile().clone(),
+    );
+    let expired = r#"execution_provider_fences_total{reason="lease_expired"}"#;
+    // A fence that loses its race to a completion writes nothing and counts nothing.
+    world
+        .edit_status(|s| s.active_operation = Some(expired_operation(&world)))
+        .await;
+    before_next_status_write(&world, |s| s.active_operation = None);
+    reconciler.reconcile(ENV).await.unwrap_err();
+    assert_eq!(scraped(&metrics, expired), 0.0);
+
+    world
+        .edit_status(|s| s.active_operation = Some(expired_operation(&world)))
+        .await;
+    reconciler.reconcile(ENV).await.unwrap();
+    assert_eq!(scraped(&metrics, expired), 1.0);
+    // Reconciling the fenced environment again is not a second fence.
+    reconciler.reconcile(ENV).await.unwrap();
+    assert_eq!(scraped(&metrics, expired), 1.0);
+    let other = r#"execution_provider_fences_total{reason="outcome_unknown"}"#;
+    assert_eq!(scraped(&metrics, other), 0.0);
+
+    let store = store.with_metrics(metrics.lifecycle().clone());
+    let recovered = r#"execution_provider_recoveries_total{outcome="ok"}"#;
+    let unproven = r#"execution_provider_recoveries_total{outcome="fence_unknown"}"#;
+    // The executor still runs: nothing proves termination.
+    let refused = store.recover_environment(&recovery(&world).await).await;
+    assert_eq!(refused.unwrap_err().code(), ErrorCode::FenceUnknown);
+    assert_eq!(scraped(&metrics, unproven), 1.0);
+    world.mark_pod_terminated("Failed").await;
+    store
+        .recover_environment(&recovery(&world).await)
+        .await
+        .unwrap();
+    assert_eq!(scraped(&metrics, recovered), 1.0);
 }

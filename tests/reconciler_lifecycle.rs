@@ -11,6 +11,7 @@ use execution_provider::kube::crd::{
     ConditionStatus, FenceState, LifecycleOperation, LifecyclePhase, LifecycleType, RfcTime,
     condition,
 };
+use execution_provider::metrics::FenceReason;
 use execution_provider::reconciler::Reconciler;
 use reconciler_support::*;
 
@@ -375,7 +376,7 @@ async fn status_writers_reject_stale_observations_and_change_nothing() {
     .await
     .unwrap_err();
     assert_eq!(ready_write.code(), ErrorCode::Conflict);
-    let fence_write = status::fence(&envs, ctx, &observed, "stale")
+    let fence_write = status::fence(&envs, ctx, &observed, FenceReason::Lifecycle, "stale")
         .await
         .unwrap_err();
     assert_eq!(fence_write.code(), ErrorCode::Conflict);

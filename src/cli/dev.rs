@@ -125,13 +125,17 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
         runtime.clock.clone(),
         runtime.ids.clone(),
     )?;
-    let kube = api.client(DEV_NAMESPACE);
-    let templates = Arc::new(TemplateRegistry::load(state.templates_path())?);
-    seed_cluster(&kube, DEV_NAMESPACE, &templates, DEV_STORAGE_PROVISIONER).await?;
     let loaded = security::load_directory(&state.manifest_path(), &state.security_dir())?;
     let security = Security::new(&loaded, runtime.clock.clone())?
         .with_ids(runtime.ids.clone())
         .with_limit_flags(args.limits)?;
+    let metrics = Metrics::new(security.limiter_rejections(), runtime.clock.clone());
+    let kube = kube::Client::new(
+        tower::Layer::layer(&metrics.kube_api().layer(), api.clone()),
+        DEV_NAMESPACE,
+    );
+    let templates = Arc::new(TemplateRegistry::load(state.templates_path())?);
+    seed_cluster(&kube, DEV_NAMESPACE, &templates, DEV_STORAGE_PROVISIONER).await?;
     let security_manager = SecurityManager::new(
         security.clone(),
         kube.clone(),
@@ -143,7 +147,8 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
             reload_interval: manager::DEFAULT_RELOAD_INTERVAL,
             staleness: manager::DEFAULT_STALENESS,
         },
-    );
+    )
+    .with_metrics(metrics.security().clone());
     security_manager
         .reload()
         .await
@@ -199,7 +204,6 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
     tokio::spawn(agent.run(shutdown.clone().wait()));
     tokio::spawn(security_manager.clone().run(shutdown.clone().wait()));
     let deps_kube = kube.clone();
-    let metrics = Metrics::new(security.limiter_rejections(), runtime.clock.clone());
     let deps = Dependencies {
         runtime,
         kube,

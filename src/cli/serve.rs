@@ -13,7 +13,7 @@ use anyhow::{Context as _, bail};
 
 use crate::executor::PodExecutor;
 use crate::health;
-use crate::metrics::Metrics;
+use crate::metrics::{KubeApiMetrics, Metrics};
 use crate::provider::{self, Dependencies, Settings, Shutdown};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
@@ -133,8 +133,12 @@ fn is_dns_label(text: &str) -> bool {
         && bytes[bytes.len() - 1] != b'-'
 }
 
-/// The Kubernetes client: from `kubeconfig` when given, otherwise inferred (in-cluster first).
-pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+/// The Kubernetes client: from `kubeconfig` when given, otherwise inferred (in-cluster first);
+/// every request is recorded in `metrics`.
+pub async fn kube_client(
+    kubeconfig: Option<&Path>,
+    metrics: &KubeApiMetrics,
+) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
@@ -147,7 +151,9 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
             .await
             .context("no in-cluster configuration and no usable kubeconfig")?,
     };
-    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .context("cannot build the Kubernetes client")?;
+    Ok(builder.with_layer(&metrics.layer()).build())
 }
 
 /// Runs `serve` until a shutdown signal.
@@ -163,7 +169,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_ids(runtime.ids.clone())
         .with_limit_flags(args.limits)
         .context("the RPC limiter bounds are not usable")?;
-    let kube = kube_client(args.kubeconfig.as_deref()).await?;
+    let metrics = Metrics::new(security.limiter_rejections(), runtime.clock.clone());
+    let kube = kube_client(args.kubeconfig.as_deref(), metrics.kube_api()).await?;
     let security_manager = SecurityManager::new(
         security.clone(),
         kube.clone(),
@@ -175,8 +182,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             reload_interval: args.security_reload_interval,
             staleness: manager::DEFAULT_STALENESS,
         },
-    );
-    let metrics = Metrics::new(security.limiter_rejections(), runtime.clock.clone());
+    )
+    .with_metrics(metrics.security().clone());
     let deps = Dependencies {
         metrics: metrics.clone(),
         runtime,

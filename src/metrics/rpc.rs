@@ -16,11 +16,12 @@ use std::task::{Context, Poll};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use prost::Message as _;
 use tonic::server::NamedService;
 
+use super::latency_histogram;
 use crate::api::FILE_DESCRIPTOR_SET;
 use crate::runtime::clock::Clock;
 
@@ -41,11 +42,6 @@ pub struct CallLabels {
 pub struct MethodLabels {
     /// The RPC method.
     pub method: String,
-}
-
-/// Latency buckets from 0.5 ms to about 16 s.
-fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
 /// The RPC counters and histograms, and what the layer needs to record them.

@@ -11,12 +11,13 @@ use super::lifecycle::reconcile_lifecycle;
 use super::pod::{ensure_pod, pod_ready, pod_terminal};
 use super::pvc::ensure_pvc;
 use super::revoke::stop_revoked_executor;
-use super::status::{fence_expired, guarded, not_ready, unguarded};
+use super::status::{count_fence, fence_expired, guarded, not_ready, unguarded};
 use super::{Context, Next};
 use crate::kube::crd::{
     ConditionStatus, Desired, ENVIRONMENT_FINALIZER, ExecutionEnvironment, FenceState,
     LifecycleType, ObjectIdentity, SCHEMA_VERSION, condition,
 };
+use crate::metrics::FenceReason;
 use crate::store::cas;
 
 use condition::reason;
@@ -229,6 +230,7 @@ async fn record_runtime(
     } else {
         "waiting for executor Pod readiness"
     };
+    let first_ready = ready && !fence_exit && never_ready(env);
     guarded(envs, ctx, env, |w| {
         w.status.pvc = Some(identity(&pvc.metadata));
         w.status.pod = Some(identity(&pod.metadata));
@@ -246,7 +248,38 @@ async fn record_runtime(
             w.ready(ready, reason::RECONCILED, message);
         }
     })
-    .await
+    .await?;
+    if fence_exit {
+        count_fence(ctx, env, FenceReason::ExecutorExited);
+    }
+    if first_ready {
+        record_first_ready(ctx, env);
+    }
+    Ok(())
+}
+
+/// Whether `env` was never Ready: not Ready now, and no replacement or recovery is on record
+/// (after those, its age is not an ensure-to-ready latency).
+fn never_ready(env: &ExecutionEnvironment) -> bool {
+    let status = env.status.as_ref();
+    let ready_now = status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == condition::READY && c.status == ConditionStatus::True)
+    });
+    !ready_now
+        && status.is_none_or(|s| s.last_replacement.is_none() && s.termination_proof.is_none())
+}
+
+/// Observes the environment's age (creation to now, wall clock) as its ensure-to-ready.
+fn record_first_ready(ctx: &Context, env: &ExecutionEnvironment) {
+    let Some(created) = env.metadata.creation_timestamp.as_ref() else {
+        return;
+    };
+    let created = crate::kube::crd::RfcTime(created.0).to_system_time();
+    if let Ok(age) = ctx.runtime.clock.wall().duration_since(created) {
+        ctx.metrics.first_ready(age.as_secs_f64());
+    }
 }
 
 /// Whether a recorded termination proof already covers this exited Pod (after recovery), so

@@ -17,6 +17,7 @@ use crate::kube::crd::{
     LifecycleType, ObjectIdentity, TerminalPodPhase, TerminationProof, condition, pod_name,
     pvc_name,
 };
+use crate::metrics::FenceReason;
 use crate::templates::TemplateRevision;
 
 use condition::reason;
@@ -88,7 +89,7 @@ pub async fn reconcile_lifecycle(
 
 impl Step<'_> {
     async fn fence(&self, what: &'static str) -> ReconcileError {
-        fence_error(self.envs, self.ctx, self.env, what).await
+        fence_error(self.envs, self.ctx, self.env, FenceReason::Lifecycle, what).await
     }
 
     fn pods(&self) -> Api<Pod> {

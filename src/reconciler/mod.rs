@@ -17,6 +17,7 @@ pub mod error;
 mod flow;
 mod ledger;
 mod lifecycle;
+mod phases;
 pub mod pod;
 pub mod preflight;
 pub mod pvc;
@@ -41,6 +42,7 @@ use tokio::sync::OnceCell;
 pub use error::{InitError, ReconcileError};
 
 use crate::kube::crd::{ExecutionEnvironment, LABEL_ENVIRONMENT, LEDGER_CONFIGMAP_NAME};
+use crate::metrics::{LifecycleMetrics, ReconcileMetrics};
 use crate::runtime::Runtime;
 use crate::templates::TemplateRegistry;
 
@@ -101,6 +103,8 @@ pub struct Context {
     config: ReconcilerConfig,
     templates: Arc<TemplateRegistry>,
     runtime: Runtime,
+    lifecycle: LifecycleMetrics,
+    metrics: ReconcileMetrics,
 }
 
 /// One reconciler per provider process.
@@ -122,12 +126,34 @@ impl Reconciler {
         templates: Arc<TemplateRegistry>,
         runtime: Runtime,
     ) -> Arc<Self> {
+        Self::metered(
+            client,
+            config,
+            templates,
+            runtime,
+            LifecycleMetrics::default(),
+            ReconcileMetrics::default(),
+        )
+    }
+
+    /// [`Reconciler::new`] recording fences in `lifecycle` and its reconciles, readiness and
+    /// the phases of its cache in `metrics`.
+    pub fn metered(
+        client: kube::Client,
+        config: ReconcilerConfig,
+        templates: Arc<TemplateRegistry>,
+        runtime: Runtime,
+        lifecycle: LifecycleMetrics,
+        metrics: ReconcileMetrics,
+    ) -> Arc<Self> {
         Arc::new(Self {
             ctx: Context {
                 client,
                 config,
                 templates,
                 runtime,
+                lifecycle,
+                metrics,
             },
             init: OnceCell::new(),
             synced: Default::default(),
@@ -240,6 +266,10 @@ impl Reconciler {
                 by_label(pvc.metadata.labels.as_ref(), &pvc_ns)
             });
         let env_cache = controller.store();
+        let census = env_cache.clone();
+        self.ctx.metrics.phases().install(Arc::new(move || {
+            phases::count(census.state().iter().map(|env| env.as_ref()))
+        }));
         let deadline = self.ctx.config.cache_sync_deadline;
         let syncing = self
             .clone()
@@ -363,8 +393,15 @@ async fn reconcile_object(
     reconciler
         .queued
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let next = reconciler.reconcile(&name).await?;
-    Ok(reconciler.next_action(&name, next))
+    let clock = &reconciler.ctx.runtime.clock;
+    let started = clock.monotonic();
+    let result = reconciler.reconcile(&name).await;
+    let seconds = clock.monotonic().duration_since(started).as_secs_f64();
+    reconciler
+        .ctx
+        .metrics
+        .reconciled(seconds, result.as_ref().err().map(ReconcileError::code));
+    Ok(reconciler.next_action(&name, result?))
 }
 
 fn error_policy(

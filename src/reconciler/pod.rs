@@ -10,6 +10,7 @@ use super::error::ReconcileError;
 use super::validate_pod::{PodShape, validate_pod};
 use super::{Context, render, status};
 use crate::kube::crd::{ExecutionEnvironment, pod_name};
+use crate::metrics::FenceReason;
 use crate::templates::ExecutionSpec;
 
 /// The environment's executor Pod: read, or created when none was ever recorded, then
@@ -41,6 +42,7 @@ pub async fn ensure_pod(
                 envs,
                 ctx,
                 env,
+                FenceReason::ExecutorIdentity,
                 "previous executor disappearance is not externally fenced",
             )
             .await;

@@ -13,6 +13,7 @@ use crate::kube::crd::{
     ConditionStatus, ENVIRONMENT_FINALIZER, ExecutionEnvironment, LifecycleOperation,
     LifecyclePhase, condition, pvc_name,
 };
+use crate::metrics::FenceReason;
 
 /// Moves an admitted retained deletion on by one step.
 pub async fn reconcile_retained_delete(
@@ -34,7 +35,14 @@ pub async fn reconcile_retained_delete(
         LifecyclePhase::DeletingPvc | LifecyclePhase::ReleasingSlot
     );
     if !phase_ok || !has(condition::RETIRED) || !has(condition::EXECUTOR_TERMINATED) {
-        return Err(fence_error(envs, ctx, env, "retained deletion state is invalid").await);
+        return Err(fence_error(
+            envs,
+            ctx,
+            env,
+            FenceReason::Retained,
+            "retained deletion state is invalid",
+        )
+        .await);
     }
     let pvcs = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ctx.config.namespace);
     let existing = pvcs
@@ -43,12 +51,24 @@ pub async fn reconcile_retained_delete(
         .map_err(ReconcileError::kube(&name, "read PVC"))?;
     if let Some(pvc) = existing {
         if op.phase == LifecyclePhase::ReleasingSlot {
-            return Err(
-                fence_error(envs, ctx, env, "retained PVC reappeared after its deletion").await,
-            );
+            return Err(fence_error(
+                envs,
+                ctx,
+                env,
+                FenceReason::Retained,
+                "retained PVC reappeared after its deletion",
+            )
+            .await);
         }
         if pvc.metadata.uid != op.expected_pvc_uid {
-            return Err(fence_error(envs, ctx, env, "retained PVC identity does not match").await);
+            return Err(fence_error(
+                envs,
+                ctx,
+                env,
+                FenceReason::Retained,
+                "retained PVC identity does not match",
+            )
+            .await);
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions {

@@ -13,6 +13,7 @@ use crate::kube::crd::{
     ActiveOperation, ConditionStatus, ExecutionEnvironment, ExecutionEnvironmentStatus, FenceState,
     LifecycleOperation, RfcTime, condition,
 };
+use crate::metrics::FenceReason;
 use crate::store::cas::{self, Decision};
 
 /// The parts of the status every lifecycle and runtime decision depends on.
@@ -171,13 +172,25 @@ pub async fn fence(
     envs: &Api<ExecutionEnvironment>,
     ctx: &Context,
     env: &ExecutionEnvironment,
+    reason: FenceReason,
     message: &str,
 ) -> Result<(), ReconcileError> {
     guarded(envs, ctx, env, |w| {
         w.status.fence_state = Some(FenceState::FenceUnknown);
         w.ready(false, condition::reason::FENCE_UNKNOWN, message);
     })
-    .await
+    .await?;
+    count_fence(ctx, env, reason);
+    Ok(())
+}
+
+/// Counts a fence just written over `observed`, unless it was fenced already.
+pub fn count_fence(ctx: &Context, observed: &ExecutionEnvironment, reason: FenceReason) {
+    let already =
+        observed.status.as_ref().and_then(|s| s.fence_state) == Some(FenceState::FenceUnknown);
+    if !already {
+        ctx.lifecycle.fence(reason);
+    }
 }
 
 /// Fences the environment because the operation lease `expired` ran out (guarded): besides
@@ -202,7 +215,9 @@ pub async fn fence_expired(
         w.status.fence_state = Some(FenceState::FenceUnknown);
         w.ready(false, condition::reason::FENCE_UNKNOWN, message);
     })
-    .await
+    .await?;
+    count_fence(ctx, env, FenceReason::LeaseExpired);
+    Ok(())
 }
 
 /// Fences and answers the fence as the reconcile error, so the retry is rate limited.
@@ -210,11 +225,12 @@ pub async fn fence_error(
     envs: &Api<ExecutionEnvironment>,
     ctx: &Context,
     env: &ExecutionEnvironment,
+    reason: FenceReason,
     what: &'static str,
 ) -> ReconcileError {
     let fenced = ReconcileError::Fenced {
         env: name_of(env),
         what,
     };
-    ReconcileError::join(fenced, fence(envs, ctx, env, what).await)
+    ReconcileError::join(fenced, fence(envs, ctx, env, reason, what).await)
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use super::ledger::{AuthorityLedger, LedgerError, LedgerRecord, LedgerState};
 use super::{Security, SecurityError, load_directory};
+use crate::metrics::{ReloadOutcome, SecurityMetrics};
 
 /// Default interval between reloads.
 pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(2);
@@ -72,6 +73,7 @@ pub struct SecurityManager {
     /// One reload at a time: a slower reload that read older files must not install them over
     /// a later reload's (the interval and an operator-triggered reload can overlap).
     reloading: std::sync::Arc<tokio::sync::Mutex<()>>,
+    metrics: SecurityMetrics,
 }
 
 impl SecurityManager {
@@ -84,7 +86,19 @@ impl SecurityManager {
             ledger,
             settings,
             reloading: std::sync::Arc::new(tokio::sync::Mutex::new(())),
+            metrics: SecurityMetrics::default(),
         }
+    }
+
+    /// This manager, recording its reloads and the generation in force in `metrics`.
+    pub fn with_metrics(mut self, metrics: SecurityMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    fn record_generation(&self) {
+        self.metrics
+            .in_force(self.security.published().map(|state| state.generation));
     }
 
     /// The security state this manager keeps current.
@@ -101,6 +115,14 @@ impl SecurityManager {
         if result.is_err() {
             self.security.clear_if(before.as_ref());
         }
+        self.metrics.reloaded(match &result {
+            Ok(_) => ReloadOutcome::Installed,
+            Err(ReloadError::Load(_)) => ReloadOutcome::LoadFailed,
+            Err(ReloadError::Ledger(_)) => ReloadOutcome::LedgerFailed,
+            Err(ReloadError::NotAuthoritative(_)) => ReloadOutcome::NotAuthoritative,
+            Err(ReloadError::Older(_)) => ReloadOutcome::Older,
+        });
+        self.record_generation();
         result
     }
 
@@ -152,6 +174,7 @@ impl SecurityManager {
             }
             Err(error) => tracing::warn!(%error, "cannot read the authority ledger"),
         }
+        self.record_generation();
     }
 
     /// Reloads every interval and refreshes every `staleness / 2` until `shutdown`.

@@ -11,6 +11,7 @@ use super::predicates::{
 };
 use super::{Caller, ClaimContext, EnvRef, MAX_RUN_TTL, MIN_RUN_TTL, RunClaim, Store, StoreError};
 use crate::kube::crd::{ActiveRun, ExecutionEnvironment, RenewReceipt, RfcTime};
+use crate::metrics::lifecycle::OutcomeLabels;
 
 /// How many renewal receipts are kept.
 const MAX_RENEW_RECEIPTS: usize = 32;
@@ -65,6 +66,14 @@ fn claim_gates(
 impl Store {
     /// Takes the environment's run claim, bumping the epoch.
     pub async fn acquire_run(&self, req: &AcquireRequest) -> Result<RunClaim, StoreError> {
+        let started = self.runtime.clock.monotonic();
+        let result = self.take_claim(req).await;
+        let outcome = OutcomeLabels::of(result.as_ref().err().map(StoreError::code));
+        self.metrics.claim(outcome, self.seconds_since(started));
+        result
+    }
+
+    async fn take_claim(&self, req: &AcquireRequest) -> Result<RunClaim, StoreError> {
         check_ttl(req.ttl)?;
         let env = &req.env;
         let now = self.now();

@@ -64,6 +64,18 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase, in a fixed order.
+    pub const ALL: [Phase; 8] = [
+        Phase::Provisioning,
+        Phase::Ready,
+        Phase::Fenced,
+        Phase::Replacing,
+        Phase::Retiring,
+        Phase::Retired,
+        Phase::Deleting,
+        Phase::Blocked,
+    ];
+
     /// The wire word.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -25,6 +25,7 @@ use crate::errors::ErrorCode;
 use crate::executor::protocol::{ExecutorRequest, ExecutorResponse, Operation};
 use crate::executor::transport::{ExecutorTarget, TransportError};
 use crate::kube::crd::{ActiveOperation, ExecutionEnvironment, FenceState, RfcTime};
+use crate::metrics::FenceReason;
 
 /// How an executor call ended, before the completion write.
 enum Outcome {
@@ -341,15 +342,18 @@ impl Store {
     async fn fence(&self, env: &str, operation_id: &str) {
         let result = cas::update_status(&self.api, env, |o| {
             if !self.operation_is_ours(o, operation_id) {
-                return Ok(Decision::Keep(()));
+                return Ok(Decision::Keep(false));
             }
-            o.status.get_or_insert_with(Default::default).fence_state =
-                Some(FenceState::FenceUnknown);
-            Ok(Decision::Write(()))
+            let status = o.status.get_or_insert_with(Default::default);
+            let fresh = status.fence_state != Some(FenceState::FenceUnknown);
+            status.fence_state = Some(FenceState::FenceUnknown);
+            Ok(Decision::Write(fresh))
         })
         .await;
-        if let Err(error) = result {
-            tracing::warn!(env, %error, "could not record the fence");
+        match result {
+            Ok(true) => self.metrics.fence(FenceReason::OutcomeUnknown),
+            Ok(false) => {}
+            Err(error) => tracing::warn!(env, %error, "could not record the fence"),
         }
     }
 }

@@ -18,6 +18,8 @@ use super::{ClaimContext, OPERATION_TTL, Store, StoreError};
 use crate::executor::protocol::{ExecutorEnvelope, ExecutorRequest};
 use crate::executor::transport::{CancelHandle, ExecutorTarget, TransportError};
 use crate::kube::crd::{ExecutionEnvironment, RfcTime};
+use crate::metrics::FenceReason;
+use crate::metrics::lifecycle::OutcomeLabels;
 use crate::templates::TemplateRegistry;
 
 /// How often the holder renews: a third of the lease.
@@ -119,7 +121,7 @@ impl Store {
     ) -> Result<ExecutionEnvironment, StoreError> {
         let env = &rc.env.id;
         let now = self.now();
-        let ((), written) = cas::update_status_observed(&self.api, env, known, |o| {
+        let renewed = cas::update_status_observed(&self.api, env, known, |o| {
             if !lease_current(o, rc, op_id, &self.holder_id, now)
                 || !authority_current(o, rc, &self.templates, now)
                 || !policy.current(&o.spec.template_id)
@@ -133,7 +135,10 @@ impl Store {
             }
             Ok(Decision::Write(()))
         })
-        .await?;
+        .await;
+        let outcome = OutcomeLabels::of(renewed.as_ref().err().map(StoreError::code));
+        self.metrics.renewal(outcome);
+        let ((), written) = renewed?;
         Ok(written)
     }
 
@@ -204,17 +209,21 @@ impl Store {
     /// identity is kept for recovery.
     pub async fn fence_expired_operation(&self, env: &str, op_id: &str) -> Result<(), StoreError> {
         let now = self.now();
-        cas::update_status(&self.api, env, |o| {
+        let fenced = cas::update_status(&self.api, env, |o| {
             if !operation_expired(o, op_id, now) {
                 return Err(StoreError::conflict(env, "operation lease changed"));
             }
             let status = o.status.get_or_insert_with(Default::default);
             if status.fence_state == Some(crate::kube::crd::FenceState::FenceUnknown) {
-                return Ok(Decision::Keep(()));
+                return Ok(Decision::Keep(false));
             }
             status.fence_state = Some(crate::kube::crd::FenceState::FenceUnknown);
-            Ok(Decision::Write(()))
+            Ok(Decision::Write(true))
         })
-        .await
+        .await?;
+        if fenced {
+            self.metrics.fence(FenceReason::LeaseExpired);
+        }
+        Ok(())
     }
 }

@@ -19,6 +19,7 @@ use crate::kube::crd::{
     ConditionStatus, EnvironmentCondition, ExecutionEnvironment, FenceState, LifecycleOperation,
     LifecyclePhase, LifecycleType, RfcTime, TerminalPodPhase, TerminationProof, condition,
 };
+use crate::metrics::lifecycle::OutcomeLabels;
 use crate::reconciler::pod::pod_terminal;
 
 fn check_identity_args(q: &AdminRequest) -> Result<(), StoreError> {
@@ -266,6 +267,13 @@ impl Store {
     /// terminal and the exact PVC is present. A missing, foreign or running Pod proves
     /// nothing (`fence_unknown`) and nothing changes.
     pub async fn recover_environment(&self, q: &AdminRequest) -> Result<(), StoreError> {
+        let result = self.recover(q).await;
+        let outcome = OutcomeLabels::of(result.as_ref().err().map(StoreError::code));
+        self.metrics.recovery(outcome);
+        result
+    }
+
+    async fn recover(&self, q: &AdminRequest) -> Result<(), StoreError> {
         check_identity_args(q)?;
         let env = &q.env.id;
         let o = cas::get(&self.api, env)

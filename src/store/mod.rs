@@ -37,6 +37,7 @@ use kube::api::Api;
 
 use crate::executor::transport::ExecutorTransport;
 use crate::kube::crd::ExecutionEnvironment;
+use crate::metrics::LifecycleMetrics;
 use crate::runtime::Runtime;
 use crate::templates::TemplateRegistry;
 pub use error::StoreError;
@@ -129,6 +130,7 @@ pub struct Store {
     holder_id: String,
     ledger: ledger::Ledger,
     kube: kube::Client,
+    metrics: LifecycleMetrics,
 }
 
 impl Store {
@@ -151,7 +153,22 @@ impl Store {
             runtime,
             namespace: namespace.to_owned(),
             holder_id,
+            metrics: LifecycleMetrics::default(),
         }
+    }
+
+    /// This store, recording claims, lease renewals, fences and recoveries in `metrics`.
+    pub fn with_metrics(mut self, metrics: LifecycleMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    fn seconds_since(&self, started: tokio::time::Instant) -> f64 {
+        self.runtime
+            .clock
+            .monotonic()
+            .duration_since(started)
+            .as_secs_f64()
     }
 
     /// The template registry this store allocates from.
