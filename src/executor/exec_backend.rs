@@ -15,12 +15,16 @@ use super::pod_exec::{EXECUTOR_CONTAINER, HELPER_IN_IMAGE_PATH};
 
 /// Chooses the workspace directory of the Pod an exec targets (`None`: no workspace, refused).
 pub type WorkspaceOf = Arc<dyn Fn(&ExecRequest) -> Option<PathBuf> + Send + Sync>;
+/// Chooses the socket of the supervisor that plays the Pod's main process (`None`: the
+/// helper's default, as in a Pod).
+pub type SupervisorSocketOf = Arc<dyn Fn(&ExecRequest) -> Option<String> + Send + Sync>;
 
 /// Runs `execution-helper --workspace <dir>` for executor exec requests.
 #[derive(Clone)]
 pub struct HelperExecBackend {
     helper: PathBuf,
     workspace_of: WorkspaceOf,
+    supervisor_socket_of: Option<SupervisorSocketOf>,
 }
 
 impl std::fmt::Debug for HelperExecBackend {
@@ -37,7 +41,16 @@ impl HelperExecBackend {
         Self {
             helper: helper.into(),
             workspace_of,
+            supervisor_socket_of: None,
         }
+    }
+
+    /// Points each exec's helper at the supervisor `socket_of` picks for its Pod
+    /// (`--supervisor-socket`): where a test or node runs the supervisor that is the Pod's
+    /// main process, off the shared abstract name a host's Pods would collide on.
+    pub fn with_supervisor_sockets(mut self, socket_of: SupervisorSocketOf) -> Self {
+        self.supervisor_socket_of = Some(socket_of);
+        self
     }
 }
 
@@ -51,9 +64,16 @@ impl ExecBackend for HelperExecBackend {
         }
         let workspace = (self.workspace_of)(request)
             .ok_or_else(|| format!("pod {} has no workspace", request.pod))?;
-        let mut child = tokio::process::Command::new(&self.helper)
-            .arg("--workspace")
-            .arg(workspace)
+        let socket = self
+            .supervisor_socket_of
+            .as_ref()
+            .and_then(|of| of(request));
+        let mut helper = tokio::process::Command::new(&self.helper);
+        helper.arg("--workspace").arg(workspace);
+        if let Some(socket) = socket {
+            helper.arg("--supervisor-socket").arg(socket);
+        }
+        let mut child = helper
             .env_clear()
             .stdin(if request.stdin {
                 Stdio::piped()

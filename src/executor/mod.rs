@@ -10,6 +10,7 @@ pub mod exec_backend;
 pub mod local;
 pub mod local_supervisor;
 pub mod pod_exec;
+pub mod pod_relay;
 pub mod protocol;
 pub mod supervisor_client;
 pub mod supervisor_protocol;

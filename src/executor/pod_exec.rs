@@ -8,7 +8,11 @@
 //! it is the helper's cancel signal), stdout read up to 8 MiB and stderr up to 64 KiB (more is a
 //! stream failure), a deadline on the whole exchange, and strict envelope decoding. stderr and
 //! the exit status only matter when stdout is not a valid envelope.
+//!
+//! Supervisor sessions (detached and interactive commands) go through the same exec, turned
+//! into the supervisor relay by its first stdin line ([`super::pod_relay`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -20,8 +24,8 @@ use super::protocol::{
     ExecutorEnvelope, ExecutorRequest, MAX_JSON_BODY, Operation, command_timeout,
 };
 use super::transport::{
-    BoxFuture, CancelSignal, ExecutorTarget, ExecutorTransport, TransportError, decode_envelope,
-    encode_request,
+    BoxFuture, CancelSignal, ExecutorTarget, ExecutorTransport, SupervisorSession,
+    SupervisorTarget, TransportError, decode_envelope, encode_request,
 };
 
 /// The container the helper runs in.
@@ -38,6 +42,7 @@ pub struct PodExecutor {
     client: kube::Client,
     file_deadline: Duration,
     command_grace: Duration,
+    supervisor_key: Option<Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for PodExecutor {
@@ -45,6 +50,10 @@ impl std::fmt::Debug for PodExecutor {
         f.debug_struct("PodExecutor")
             .field("file_deadline", &self.file_deadline)
             .field("command_grace", &self.command_grace)
+            .field(
+                "supervisor_key",
+                &self.supervisor_key.as_ref().map(|_| "set"),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -56,7 +65,16 @@ impl PodExecutor {
             client,
             file_deadline: FILE_OPERATION_DEADLINE,
             command_grace: COMMAND_DEADLINE_GRACE,
+            supervisor_key: None,
         }
+    }
+
+    /// Offers supervisor sessions, whose per-Pod secrets derive from `key` (`K_sup`,
+    /// docs/commands.md §4.2). Without a key, [`ExecutorTransport::supervisor`] answers
+    /// [`TransportError::Unsupported`].
+    pub fn with_supervisor_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.supervisor_key = Some(Arc::from(key.into()));
+        self
     }
 
     /// Overrides the deadline of a file operation and the grace added to a command's timeout.
@@ -201,5 +219,17 @@ impl ExecutorTransport for PodExecutor {
         cancel: CancelSignal,
     ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
         Box::pin(self.run(target, request, cancel))
+    }
+
+    fn supervisor<'a>(
+        &'a self,
+        target: &'a SupervisorTarget,
+    ) -> BoxFuture<'a, Result<SupervisorSession, TransportError>> {
+        Box::pin(async move {
+            let Some(key) = &self.supervisor_key else {
+                return Err(TransportError::Unsupported);
+            };
+            super::pod_relay::open_session(&self.client, target, key).await
+        })
     }
 }
