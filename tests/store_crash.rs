@@ -102,15 +102,14 @@ async fn a_dispatch_interrupted_at_any_write_never_runs_twice_and_never_clears_u
             assert_eq!(world.executor.call_count(), 1, "never executed twice");
             tokio::time::advance(Duration::from_secs(31)).await;
             let op = status.active_operation.expect("op").id;
-            fresh
-                .fence_expired_operation(&c.env.id, &op)
+            world
+                .reconciler()
+                .reconcile(&c.env.id)
                 .await
                 .expect("fenced at expiry");
-            let fenced = world.get(&c.env.id).await;
-            assert_eq!(
-                fenced.status.and_then(|s| s.fence_state),
-                Some(FenceState::FenceUnknown)
-            );
+            let fenced = world.get(&c.env.id).await.status.expect("status");
+            assert_eq!(fenced.fence_state, Some(FenceState::FenceUnknown));
+            assert_eq!(fenced.active_operation.map(|o| o.id), Some(op));
         }
     }
 }

@@ -234,13 +234,13 @@ async fn a_lost_completion_write_fences_and_no_replica_can_dispatch_again() {
         "the operation is still on record"
     );
     assert_eq!(world.executor.call_count(), 1, "never executed twice");
-    // Only lease expiry fences it, under compare-and-swap, keeping the identity.
+    // Only lease expiry fences it: the reconcile after the deadline, under compare-and-swap,
+    // keeping the identity.
     let op = active_op(&world.get(&c.env.id).await).expect("op");
-    let early = fresh.fence_expired_operation(&c.env.id, &op).await;
-    assert_eq!(early.expect_err("not expired").code(), ErrorCode::Conflict);
     tokio::time::advance(Duration::from_secs(31)).await;
-    fresh
-        .fence_expired_operation(&c.env.id, &op)
+    world
+        .reconciler()
+        .reconcile(&c.env.id)
         .await
         .expect("fence");
     let o = world.get(&c.env.id).await;

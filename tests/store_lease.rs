@@ -34,11 +34,14 @@ async fn wait_for_calls(world: &World, n: usize) {
     }
 }
 
+/// The production expiry fence (the reconciler's `fence_expired`) decided on an observation
+/// that has since gone stale never writes: not after the holder renewed the lease, not after
+/// it completed, not after another operation replaced it; decided on a current observation
+/// of an operation whose holder is gone, it fences and keeps the operation's identity.
 #[tokio::test(start_paused = true)]
 async fn the_expiry_fence_revalidates_the_lease_under_compare_and_swap() {
     let world = World::new().await;
     let store = world.store();
-    let reconciler = world.store();
     let c = claimed(&world, &store, "alice", "b1").await;
     world.executor.push(Script::Sleep(Duration::from_secs(45)));
     let call = |store: execution_provider::store::Store| {
@@ -47,19 +50,17 @@ async fn the_expiry_fence_revalidates_the_lease_under_compare_and_swap() {
     };
     let first = call(store.clone());
     wait_for_calls(&world, 1).await;
-    let observed = active_op(&world.get(&c.env.id).await).expect("op");
-    // Observed at admission; 35 s later the holder has renewed it: not expired, no fence.
+    let observed = world.get(&c.env.id).await;
+    assert!(active_op(&observed).is_some(), "the operation is on record");
+    // Observed at admission; 35 s later the holder has renewed it (same id, later expiry).
     // Sleeping (not jumping the clock) lets the holder's renewals run at their times.
     tokio::time::sleep(Duration::from_secs(35)).await;
-    let renewed = reconciler
-        .fence_expired_operation(&c.env.id, &observed)
-        .await;
+    assert_eq!(active_op(&world.get(&c.env.id).await), active_op(&observed));
+    let renewed = world.fence_expired_as_observed(&observed).await;
     assert_eq!(renewed.expect_err("renewed").code(), ErrorCode::Conflict);
     first.await.expect("join").expect("completes");
     // Completed: the observation is stale, nothing is written.
-    let completed = reconciler
-        .fence_expired_operation(&c.env.id, &observed)
-        .await;
+    let completed = world.fence_expired_as_observed(&observed).await;
     assert_eq!(
         completed.expect_err("completed").code(),
         ErrorCode::Conflict
@@ -69,14 +70,28 @@ async fn the_expiry_fence_revalidates_the_lease_under_compare_and_swap() {
     let second = call(store.clone());
     wait_for_calls(&world, 2).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let replaced = reconciler
-        .fence_expired_operation(&c.env.id, &observed)
-        .await;
+    let replaced = world.fence_expired_as_observed(&observed).await;
     assert_eq!(replaced.expect_err("replaced").code(), ErrorCode::Conflict);
     second.await.expect("join").expect("completes");
     let o = world.get(&c.env.id).await;
     assert_eq!(fence_state(&o), Some(FenceState::Healthy));
     assert_eq!(active_op(&o), None);
+    // A holder that is gone (its store dropped mid-call) leaves its operation to expire: the
+    // reconcile that finds it past its deadline fences it, keeping its identity.
+    world.executor.push(Script::Sleep(Duration::from_secs(600)));
+    let orphan = call(world.store());
+    wait_for_calls(&world, 3).await;
+    orphan.abort();
+    let held = active_op(&world.get(&c.env.id).await).expect("the orphaned operation");
+    tokio::time::advance(Duration::from_secs(31)).await;
+    world
+        .reconciler()
+        .reconcile(&c.env.id)
+        .await
+        .expect("fenced");
+    let o = world.get(&c.env.id).await;
+    assert_eq!(fence_state(&o), Some(FenceState::FenceUnknown));
+    assert_eq!(active_op(&o), Some(held));
 }
 
 #[tokio::test(start_paused = true)]

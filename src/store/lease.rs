@@ -18,7 +18,6 @@ use super::{ClaimContext, OPERATION_TTL, Store, StoreError};
 use crate::executor::protocol::{ExecutorEnvelope, ExecutorRequest};
 use crate::executor::transport::{CancelHandle, ExecutorTarget, TransportError};
 use crate::kube::crd::{ExecutionEnvironment, RfcTime};
-use crate::metrics::FenceReason;
 use crate::metrics::lifecycle::OutcomeLabels;
 use crate::templates::TemplateRegistry;
 
@@ -190,40 +189,5 @@ impl Store {
                 }
             }
         }
-    }
-}
-
-/// The operation `op_id` is on record and its lease has lapsed (`expiresAt ≤ now`).
-pub fn operation_expired(o: &ExecutionEnvironment, op_id: &str, now: SystemTime) -> bool {
-    o.status
-        .as_ref()
-        .and_then(|s| s.active_operation.as_ref())
-        .is_some_and(|op| op.id == op_id && now >= op.expires_at.to_system_time())
-}
-
-impl Store {
-    /// Fences the environment because the observed operation's lease expired (its holder
-    /// crashed or stalled). The write re-validates inside the compare-and-swap that the same,
-    /// still-expired operation is present: if the holder renewed or completed it, or another
-    /// operation replaced it, nothing is written and the answer is conflict. The operation
-    /// identity is kept for recovery.
-    pub async fn fence_expired_operation(&self, env: &str, op_id: &str) -> Result<(), StoreError> {
-        let now = self.now();
-        let fenced = cas::update_status(&self.api, env, |o| {
-            if !operation_expired(o, op_id, now) {
-                return Err(StoreError::conflict(env, "operation lease changed"));
-            }
-            let status = o.status.get_or_insert_with(Default::default);
-            if status.fence_state == Some(crate::kube::crd::FenceState::FenceUnknown) {
-                return Ok(Decision::Keep(false));
-            }
-            status.fence_state = Some(crate::kube::crd::FenceState::FenceUnknown);
-            Ok(Decision::Write(true))
-        })
-        .await?;
-        if fenced {
-            self.metrics.fence(FenceReason::LeaseExpired);
-        }
-        Ok(())
     }
 }

@@ -19,6 +19,10 @@ use execution_provider::kube::crd::{
     ConditionStatus, EnvironmentCondition, ExecutionEnvironment, LEDGER_CONFIGMAP_NAME,
     ObjectIdentity, RfcTime,
 };
+use execution_provider::reconciler::status::fence_expired;
+use execution_provider::reconciler::{
+    DEFAULT_CACHE_SYNC_DEADLINE, ReconcileError, Reconciler, ReconcilerConfig,
+};
 use execution_provider::runtime::{Runtime, SeededIds, clock::OffsetClock};
 use execution_provider::store::claims::AcquireRequest;
 use execution_provider::store::ensure::EnsureRequest;
@@ -363,6 +367,48 @@ impl World {
             self.executor.clone(),
             runtime,
         )
+    }
+
+    /// The production reconciler over this world (through the fault layer), as a replica
+    /// runs it: its fence of an expired operation lease is the only one production has.
+    pub fn reconciler(&self) -> Arc<Reconciler> {
+        let runtime = Runtime {
+            clock: self.clock.clone(),
+            ids: Arc::new(SeededIds::new(9_000)),
+        };
+        Reconciler::new(
+            self.client(),
+            ReconcilerConfig {
+                namespace: NAMESPACE.to_owned(),
+                executor_service_account: "executor".to_owned(),
+                cache_sync_deadline: DEFAULT_CACHE_SYNC_DEADLINE,
+            },
+            self.templates.clone(),
+            runtime,
+        )
+    }
+
+    /// The reconciler's expiry fence (`reconciler::status::fence_expired`, what a reconcile
+    /// calls when it finds an operation past its deadline) decided on `observed`, an earlier
+    /// read of the environment: the write must find that exact operation still on record.
+    pub async fn fence_expired_as_observed(
+        &self,
+        observed: &ExecutionEnvironment,
+    ) -> Result<(), ReconcileError> {
+        let reconciler = self.reconciler();
+        let expired = observed
+            .status
+            .as_ref()
+            .and_then(|s| s.active_operation.clone())
+            .expect("the observation records an operation");
+        fence_expired(
+            &Api::namespaced(self.client(), NAMESPACE),
+            reconciler.context(),
+            observed,
+            &expired,
+            "operation holder lease expired; operation identity retained for recovery",
+        )
+        .await
     }
 
     pub fn environments(&self) -> Api<ExecutionEnvironment> {
