@@ -120,6 +120,38 @@ async fn run_in(
     }
 }
 
+/// The host pid of the init of `environment_id`'s sandbox (its supervisor), found by its
+/// command line (`--sandbox-stage init SPEC -- supervise …` with the workspace in SPEC) and
+/// by being PID 1 of its PID namespace (a child between its fork and exec has the same
+/// command line).
+fn supervisor_pid(state_dir: &Path, environment_id: &str) -> Option<u32> {
+    let workspace = format!(
+        "{}\"",
+        state_dir.join("workspaces").join(environment_id).display()
+    );
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let is_init = args.get(1).is_some_and(|a| a == "--sandbox-stage")
+                && args.get(2).is_some_and(|a| a == "init")
+                && args.get(3).is_some_and(|a| a.contains(&workspace))
+                && args.iter().any(|a| a == "supervise");
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            let pid_one = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .is_some_and(|ids| ids.split_whitespace().last() == Some("1"));
+            (is_init && pid_one).then_some(pid)
+        })
+}
+
 /// The state directory's three private keys, relative to the workspace as `dev` lays it out.
 const KEYS: [&str; 4] = [
     "../../pki/ca.key",
@@ -162,6 +194,7 @@ async fn the_root_shows_only_the_sandbox_and_the_workspace_is_at_slash_workspace
     let mut lines: Vec<&str> = ran.stdout.lines().collect();
     assert_eq!(lines.pop(), Some("/workspace"));
     let allowed = [
+        ".execution-helper",
         "bin",
         "dev",
         "etc",
@@ -516,5 +549,122 @@ async fn without_isolation_every_probe_above_detects_the_escape() {
         ))
         .await;
     assert!(ran.stdout.contains("connected"), "{ran:?}");
+    env.dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_environment_is_one_sandbox_whose_init_is_its_supervisor() {
+    let mut env = Environment::start(true).await;
+    let ran = env
+        .run("echo kept > /tmp/marker; tr '\\0' ' ' < /proc/1/cmdline; echo; ls -l /proc/$$/fd")
+        .await;
+    assert!(ran.succeeded(), "{ran:?}");
+    let init = ran.stdout.lines().next().unwrap();
+    assert!(
+        init.contains("--sandbox-stage init") && init.contains(" supervise "),
+        "PID 1 is the supervisor: {ran:?}"
+    );
+    assert!(
+        !ran.stdout.contains("socket:"),
+        "no socket reaches a command: {ran:?}"
+    );
+    let again = env.run("cat /tmp/marker").await;
+    assert_eq!(
+        again.stdout, "kept\n",
+        "the next call is in the same sandbox"
+    );
+    let id = env.claim.environment.as_ref().unwrap().id.clone();
+    let pid = supervisor_pid(env.state_dir(), &id).expect("the environment's supervisor runs");
+    let other = env.claim_environment("other").await;
+    let ran = run_in(&env.client, "other", &other, "cat /tmp/marker").await;
+    assert!(
+        !ran.succeeded(),
+        "another environment has its own /tmp: {ran:?}"
+    );
+    let other_id = other.environment.as_ref().unwrap().id.clone();
+    let other_pid = supervisor_pid(env.state_dir(), &other_id)
+        .expect("the other environment's supervisor runs");
+    assert_ne!(pid, other_pid);
+    assert_eq!(
+        supervisor_pid(env.state_dir(), &id),
+        Some(pid),
+        "the first one still runs"
+    );
+    env.dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_environments_supervisor_cannot_be_reached_signalled_or_ptraced() {
+    let mut env = Environment::start(true).await;
+    let other = env.claim_environment("other").await;
+    let marked = run_in(&env.client, "other", &other, "echo mine > /tmp/marker").await;
+    assert!(marked.succeeded(), "{marked:?}");
+    let other_id = other.environment.as_ref().unwrap().id.clone();
+    let pid = supervisor_pid(env.state_dir(), &other_id)
+        .expect("the other environment's supervisor runs");
+    let socket = env
+        .state_dir()
+        .join("supervisors")
+        .join(format!("{other_id}.sock"));
+    assert!(socket.exists(), "{} exists on the host", socket.display());
+    let socket = socket.display();
+    let script = format!(
+        "kill -TERM {pid} && echo signalled; kill -KILL {pid} && echo signalled; \
+         ls -d /proc/{pid} && echo visible; \
+         perl -e '$r = syscall(101, 16, {pid}, 0, 0); print \"ptrace $r\\n\"'; \
+         test -e '{socket}' && echo socket-visible; \
+         perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Peer => \"{socket}\") and print \"connected\\n\"'; \
+         ls /tmp"
+    );
+    let ran = env.run(&script).await;
+    for escaped in ["signalled", "visible", "connected"] {
+        assert!(!ran.stdout.contains(escaped), "{escaped}: {ran:?}");
+    }
+    assert!(ran.stdout.contains("ptrace -1"), "{ran:?}");
+    assert!(!ran.stdout.contains("marker"), "{ran:?}");
+    let still = run_in(&env.client, "other", &other, "cat /tmp/marker").await;
+    assert_eq!(
+        still.stdout, "mine\n",
+        "the other sandbox lives on: {still:?}"
+    );
+    assert_eq!(supervisor_pid(env.state_dir(), &other_id), Some(pid));
+    env.dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_supervisor_secret_is_out_of_reach_and_the_init_outlives_its_own_commands_signals() {
+    let env = Environment::start(true).await;
+    let key = env.state_dir().join("security").join("supervisor.key");
+    assert!(key.is_file(), "{} exists on the host", key.display());
+    let marked = env.run("echo kept > /tmp/marker").await;
+    assert!(marked.succeeded(), "{marked:?}");
+    let script = format!(
+        "cat ../../security/supervisor.key && echo read-key; cat '{}' && echo read-key; \
+         cat /proc/1/environ && echo read-environ; \
+         for fd in /proc/1/fd/*; do readlink $fd && echo read-fd; cat $fd && echo read-fd; done; \
+         cat /proc/1/maps > /dev/null && echo read-maps; \
+         perl -e 'open(my $m, \"<\", \"/proc/1/mem\") and print \"opened-mem\\n\"'; \
+         kill -TERM 1; kill -INT 1; kill -HUP 1; kill -KILL 1; echo sent",
+        key.display()
+    );
+    let ran = env.run(&script).await;
+    assert!(ran.stdout.contains("sent"), "{ran:?}");
+    for leaked in [
+        "read-key",
+        "read-environ",
+        "read-fd",
+        "read-maps",
+        "opened-mem",
+    ] {
+        assert!(!ran.stdout.contains(leaked), "{leaked}: {ran:?}");
+    }
+    let id = env.claim.environment.as_ref().unwrap().id.clone();
+    let pid = supervisor_pid(env.state_dir(), &id).expect("the supervisor runs");
+    let again = env.run("cat /tmp/marker").await;
+    assert_eq!(
+        again.stdout, "kept\n",
+        "the same sandbox still serves: {again:?}"
+    );
+    assert_eq!(supervisor_pid(env.state_dir(), &id), Some(pid));
     env.dev.stop().await.unwrap();
 }

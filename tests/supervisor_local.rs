@@ -95,10 +95,11 @@ async fn each_environment_gets_one_supervisor_on_its_own_workspace_reused_by_lat
     assert!(supervisors.connect("../escape").await.is_err());
 }
 
-/// The transport seam: `dev`'s executor opens an enrolled session for an environment when the
-/// helper runs without isolation, and refuses (`Unsupported`, nothing started) when sandboxed.
-#[tokio::test]
-async fn the_dev_executor_opens_enrolled_sessions_only_without_isolation() {
+/// The transport seam: `dev`'s executor opens an enrolled session for an environment, with the
+/// helper sandboxed (the session's commands then run in the environment's sandbox, the same
+/// one its helper calls run in) and without isolation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dev_executor_opens_enrolled_sessions_with_and_without_isolation() {
     use execution_provider::executor::local::LocalTransport;
     use execution_provider::executor::{
         DevExecutor, ExecutorTarget, ExecutorTransport, SupervisorTarget, TransportError,
@@ -116,14 +117,51 @@ async fn the_dev_executor_opens_enrolled_sessions_only_without_isolation() {
     };
     let sandboxed = DevExecutor::new(
         LocalTransport::new(helper, &workspaces),
-        dir.path().join("supervisors"),
+        dir.path().join("sandboxed"),
         b"dev key".to_vec(),
     );
-    assert!(matches!(
-        sandboxed.supervisor(&target).await.err(),
-        Some(TransportError::Unsupported)
-    ));
-    assert!(!dir.path().join("supervisors").exists(), "nothing started");
+    let mut session = sandboxed.supervisor(&target).await.unwrap();
+    let reply = session
+        .call(&start("op-tmp", "echo seam > /tmp/seam"))
+        .await
+        .unwrap();
+    assert!(matches!(reply, SupervisorReply::Status(_)), "{reply:?}");
+    let mut request = execution_provider::executor::protocol::ExecutorRequest::new(
+        execution_provider::executor::protocol::Operation::CommandStart,
+    );
+    request.command = "cat /tmp/seam && tr '\\0' ' ' < /proc/1/cmdline".into();
+    request.command_id = "op-cat".into();
+    request.timeout_ms = 10_000;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let envelope = sandboxed
+            .execute(
+                &target.executor,
+                request.clone(),
+                execution_provider::executor::CancelSignal::never(),
+            )
+            .await
+            .unwrap();
+        let status = envelope
+            .response
+            .and_then(|r| r.command)
+            .expect("a command status");
+        let text = String::from_utf8_lossy(&status.stdout).into_owned();
+        if text.contains("seam") {
+            assert!(
+                text.contains("supervise"),
+                "PID 1 is the supervisor: {text}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        !workspaces.join("exec-a").join("seam").exists()
+            && !std::path::Path::new("/tmp/seam").exists(),
+        "the command wrote the sandbox's /tmp"
+    );
 
     let executor = DevExecutor::new(
         LocalTransport::unisolated(helper, &workspaces),
@@ -151,4 +189,92 @@ async fn the_dev_executor_opens_enrolled_sessions_only_without_isolation() {
         executor.supervisor(&bad).await.err(),
         Some(TransportError::InvalidTarget { .. })
     ));
+}
+
+/// The host pids of the processes whose command line names `needle` (as one argument or part
+/// of one).
+fn host_pids_naming(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(needle)
+                .then_some(pid)
+        })
+        .collect()
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+fn sandboxed(dir: &std::path::Path, idle_exit: std::time::Duration) -> LocalSupervisors {
+    use execution_provider::executor::local::SandboxPolicy;
+    LocalSupervisors::sandboxed(
+        env!("CARGO_BIN_EXE_execution-helper"),
+        dir.join("workspaces"),
+        dir.join("supervisors"),
+        b"dev key".to_vec(),
+        SandboxPolicy {
+            hidden: vec![dir.to_owned()],
+            idle_exit,
+            ..SandboxPolicy::default()
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_supervisor_stops_when_idle_and_a_fresh_one_starts_on_demand() {
+    let dir = tempfile::tempdir().unwrap();
+    let supervisors = sandboxed(dir.path(), std::time::Duration::from_millis(300));
+    let first = supervisors.connect("exec-a").await.unwrap();
+    let boot = first.hello().boot_id.clone();
+    assert!(supervisors.started_pid("exec-a").is_some());
+    drop(first);
+    until("the idle sandbox ends", || {
+        supervisors.started_pid("exec-a").is_none()
+    })
+    .await;
+    let again = supervisors.connect("exec-a").await.unwrap();
+    assert_ne!(again.hello().boot_id, boot, "a fresh supervisor answers");
+    let enrolled = supervisors.connect("exec-a").await.unwrap();
+    assert_eq!(enrolled.hello().boot_id, again.hello().boot_id);
+    assert!(enrolled.enrolled_with_our_secret());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_sandboxed_supervisor_ends_every_process_of_its_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let supervisors = sandboxed(dir.path(), std::time::Duration::from_secs(600));
+    let mut connection = supervisors.connect("exec-a").await.unwrap();
+    let reply = connection
+        .call(&start("op-sleep", "exec sleep 127.25"))
+        .await
+        .unwrap();
+    assert!(matches!(reply, SupervisorReply::Status(_)), "{reply:?}");
+    until("the command runs", || {
+        !host_pids_naming("127.25").is_empty()
+    })
+    .await;
+    let socket = supervisors.socket_of("exec-a").unwrap();
+    assert!(socket.exists());
+    supervisors.stop("exec-a").await;
+    until("the command ends with its sandbox", || {
+        host_pids_naming("127.25").is_empty()
+    })
+    .await;
+    assert!(supervisors.started_pid("exec-a").is_none());
+    let next = supervisors.connect("exec-a").await.unwrap();
+    assert_ne!(
+        next.hello().boot_id,
+        connection.hello().boot_id,
+        "the next connection starts a fresh one"
+    );
 }

@@ -158,12 +158,18 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
         None => LocalTransport::helper_beside_current_exe()
             .context("cannot find execution-helper beside this program; pass --helper PATH")?,
     };
+    let key_path = state.security_dir().join(dev_executor::SUPERVISOR_KEY_FILE);
+    let supervisor_key = dev_executor::load_or_create_key(&key_path, runtime.ids.as_ref())
+        .with_context(|| format!("cannot read or create {}", key_path.display()))?;
+    let sockets = state.root().join(dev_executor::SUPERVISOR_SOCKETS_DIR);
     let executor = if args.unsafe_no_isolation {
         eprintln!("{UNISOLATED_WARNING}");
         tracing::warn!("{UNISOLATED_WARNING}");
-        LocalTransport::unisolated(helper, state.workspaces_dir())
+        let helper = LocalTransport::unisolated(helper, state.workspaces_dir());
+        DevExecutor::new(helper, sockets, supervisor_key)
     } else {
-        let isolated = LocalTransport::new(helper, state.workspaces_dir());
+        let helper = LocalTransport::new(helper, state.workspaces_dir());
+        let isolated = DevExecutor::new(helper, sockets, supervisor_key);
         isolated.check_isolation().await.map_err(|e| {
             anyhow::anyhow!(
                 "dev cannot isolate environments on this machine ({e}); see docs/sandbox.md for what it needs, \
@@ -172,14 +178,7 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         })?;
         isolated
     };
-    let key_path = state.security_dir().join(dev_executor::SUPERVISOR_KEY_FILE);
-    let supervisor_key = dev_executor::load_or_create_key(&key_path, runtime.ids.as_ref())
-        .with_context(|| format!("cannot read or create {}", key_path.display()))?;
-    let executor = Arc::new(DevExecutor::new(
-        executor,
-        state.root().join(dev_executor::SUPERVISOR_SOCKETS_DIR),
-        supervisor_key,
-    ));
+    let executor = Arc::new(executor);
     let listener = TokioNet
         .bind(args.listen)
         .await

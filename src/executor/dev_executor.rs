@@ -2,13 +2,15 @@
 //! transport ([`LocalTransport`]) and supervisor sessions through [`LocalSupervisors`]
 //! (docs/commands.md §4.1, §11).
 //!
-//! Supervisors are offered only where they add no host access the helper does not already
-//! have: with `dev --unsafe-no-isolation`. A sandboxed `dev` runs each helper call in its
-//! environment's sandbox, and the supervisor is not yet the init of that sandbox
-//! (docs/sandbox.md), so there [`ExecutorTransport::supervisor`] answers
-//! [`TransportError::Unsupported`] rather than run commands outside the sandbox.
+//! With a sandboxed helper (`dev` by default) the supervisors are
+//! [`LocalSupervisors::sandboxed`]: each is the init of its environment's sandbox
+//! (docs/sandbox.md), and every helper call of the environment runs inside that same sandbox
+//! through it ([`LocalTransport::through_supervisors`]), so a detached command is as confined
+//! as a foreground one. With `dev --unsafe-no-isolation` they are plain child processes of the
+//! provider, as the helper calls are.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::local::{Isolation, LocalTransport};
 use super::local_supervisor::{LocalSupervisorError, LocalSupervisors};
@@ -23,34 +25,50 @@ pub const SUPERVISOR_KEY_FILE: &str = "supervisor.key";
 /// The directory of the supervisors' sockets, relative to the state directory (mode 0700).
 pub const SUPERVISOR_SOCKETS_DIR: &str = "supervisors";
 
-/// The local executor: the helper, and supervisors when isolation is off.
+/// The local executor: the helper calls and the supervisors.
 pub struct DevExecutor {
     helper: LocalTransport,
-    supervisors: Option<LocalSupervisors>,
+    supervisors: Option<Arc<LocalSupervisors>>,
 }
 
 impl DevExecutor {
-    /// An executor running helper calls with `helper` and, when `helper` runs without
-    /// isolation, supervisors with their sockets in `sockets` and their secrets derived from
-    /// `key`.
+    /// An executor running helper calls with `helper` and supervisors with their sockets in
+    /// `sockets` and their secrets derived from `key`: sandboxed ones, through which every
+    /// helper call then runs, when `helper` isolates; plain ones when it does not.
     pub fn new(helper: LocalTransport, sockets: impl Into<PathBuf>, key: Vec<u8>) -> Self {
-        let supervisors = (helper.isolation == Isolation::None).then(|| {
-            LocalSupervisors::new(
-                helper.helper.clone(),
-                helper.workspaces.clone(),
-                sockets,
-                key,
-            )
-        });
-        Self {
-            helper,
-            supervisors,
+        let (program, workspaces) = (helper.helper.clone(), helper.workspaces.clone());
+        match helper.isolation.clone() {
+            Isolation::None => Self {
+                supervisors: Some(Arc::new(LocalSupervisors::new(
+                    program, workspaces, sockets, key,
+                ))),
+                helper,
+            },
+            Isolation::Sandbox(policy) => {
+                let supervisors = Arc::new(LocalSupervisors::sandboxed(
+                    program, workspaces, sockets, key, policy,
+                ));
+                Self {
+                    helper: helper.through_supervisors(supervisors.clone()),
+                    supervisors: Some(supervisors),
+                }
+            }
         }
     }
 
     /// Whether this executor can open supervisor sessions.
     pub fn supervises(&self) -> bool {
         self.supervisors.is_some()
+    }
+
+    /// Whether helper calls run in sandboxes.
+    pub fn isolates(&self) -> bool {
+        self.helper.isolation != Isolation::None
+    }
+
+    /// [`LocalTransport::check_isolation`] through this executor's sandboxes.
+    pub async fn check_isolation(&self) -> Result<(), TransportError> {
+        self.helper.check_isolation().await
     }
 
     async fn open(&self, target: &SupervisorTarget) -> Result<SupervisorSession, TransportError> {
@@ -137,25 +155,21 @@ mod tests {
     }
 
     #[test]
-    fn a_sandboxed_helper_gets_no_supervisor() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
+    fn a_sandboxed_helper_gets_sandboxed_supervisors() {
         let executor = DevExecutor::new(
             LocalTransport::new("/nonexistent/helper", "/nonexistent/workspaces"),
             "/nonexistent/supervisors",
             vec![0; 32],
         );
-        assert!(!executor.supervises());
-        let target = SupervisorTarget {
-            executor: ExecutorTarget {
-                namespace: "dev".into(),
-                pod_name: "exec-a".into(),
-                environment: "exec-a".into(),
-            },
-            pod_uid: "local".into(),
-        };
-        let opened = runtime.block_on(executor.supervisor(&target));
-        assert!(matches!(opened, Err(TransportError::Unsupported)));
+        assert!(executor.supervises() && executor.isolates());
+        let supervisors = executor.supervisors.as_ref().unwrap();
+        assert!(supervisors.is_sandboxed());
+        let bare = DevExecutor::new(
+            LocalTransport::unisolated("/nonexistent/helper", "/nonexistent/workspaces"),
+            "/nonexistent/supervisors",
+            vec![0; 32],
+        );
+        assert!(bare.supervises() && !bare.isolates());
+        assert!(!bare.supervisors.as_ref().unwrap().is_sandboxed());
     }
 }

@@ -8,17 +8,22 @@
 //!
 //! With [`Isolation::Sandbox`] (what `dev` uses unless `--unsafe-no-isolation`) each helper
 //! call runs in a sandbox of its environment ([`crate::sandbox`]) that sees the workspace at
-//! `/workspace`. For now that is one sandbox per call; the target is one per environment,
-//! whose init is the executor supervisor (docs/sandbox.md).
+//! `/workspace`. Given [`LocalTransport::through_supervisors`] (what `dev` does) that is the
+//! environment's one sandbox, whose init is its executor supervisor: the call is a `call` on
+//! that supervisor, which runs the same one-shot helper inside it. Without, each call builds
+//! a sandbox of its own (docs/sandbox.md compares the two).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use crate::sandbox::{self, Limits, Network, SandboxSpec};
+
+use super::local_supervisor::LocalSupervisors;
 
 use super::protocol::{
     ExecutorEnvelope, ExecutorRequest, MAX_JSON_BODY, Operation, command_timeout,
@@ -53,8 +58,11 @@ pub enum Isolation {
     None,
 }
 
+/// How long an environment's sandbox lives with no running command and no open connection.
+pub const DEFAULT_SANDBOX_IDLE_EXIT: Duration = Duration::from_secs(600);
+
 /// What every sandbox of this transport gets besides its workspace.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxPolicy {
     /// Its network.
     pub network: Network,
@@ -62,10 +70,23 @@ pub struct SandboxPolicy {
     pub limits: Limits,
     /// Host paths it must never see (the provider's state directory).
     pub hidden: Vec<PathBuf>,
+    /// An environment's sandbox (whose init is its supervisor) stops after this long idle.
+    pub idle_exit: Duration,
+}
+
+impl Default for SandboxPolicy {
+    fn default() -> Self {
+        SandboxPolicy {
+            network: Network::None,
+            limits: Limits::default(),
+            hidden: Vec::new(),
+            idle_exit: DEFAULT_SANDBOX_IDLE_EXIT,
+        }
+    }
 }
 
 /// Runs `execution-helper` locally on `<workspaces>/<environment>`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct LocalTransport {
     /// The helper binary.
     pub helper: PathBuf,
@@ -73,6 +94,9 @@ pub struct LocalTransport {
     pub workspaces: PathBuf,
     /// Sandboxed or not.
     pub isolation: Isolation,
+    /// When set (and sandboxed), every call runs in the environment's own sandbox through its
+    /// supervisor instead of a sandbox of its own.
+    supervisors: Option<Arc<LocalSupervisors>>,
 }
 
 impl LocalTransport {
@@ -93,6 +117,28 @@ impl LocalTransport {
                 hidden,
                 ..SandboxPolicy::default()
             }),
+            supervisors: None,
+        }
+    }
+
+    /// The policy of this transport's sandboxes (`None` without isolation).
+    pub fn sandbox_policy(&self) -> Option<&SandboxPolicy> {
+        match &self.isolation {
+            Isolation::Sandbox(policy) => Some(policy),
+            Isolation::None => None,
+        }
+    }
+
+    /// Runs every call of a sandboxed transport in the environment's sandbox of `supervisors`
+    /// (which must be [`LocalSupervisors::sandboxed`]) instead of a sandbox per call.
+    pub fn through_supervisors(self, supervisors: Arc<LocalSupervisors>) -> Self {
+        assert!(
+            supervisors.is_sandboxed(),
+            "calls go through sandboxed supervisors only"
+        );
+        Self {
+            supervisors: Some(supervisors),
+            ..self
         }
     }
 
@@ -114,6 +160,9 @@ impl LocalTransport {
         };
         let request = ExecutorRequest::new(Operation::FileStat);
         let answer = self.run(&target, request, CancelSignal::never()).await;
+        if let Some(supervisors) = &self.supervisors {
+            supervisors.stop(ISOLATION_CHECK_WORKSPACE).await;
+        }
         let _ = std::fs::remove_dir(self.workspaces.join(ISOLATION_CHECK_WORKSPACE));
         match answer?.response {
             Some(_) => Ok(()),
@@ -196,6 +245,13 @@ impl LocalTransport {
         } else {
             FILE_OPERATION_DEADLINE
         };
+        if let (Isolation::Sandbox(_), Some(supervisors)) = (&self.isolation, &self.supervisors) {
+            let call = supervisors.call(&target.environment, &body, is_command, cancel);
+            let stdout = tokio::time::timeout(deadline, call)
+                .await
+                .map_err(|_| TransportError::stream("executor deadline exceeded"))??;
+            return decode_envelope(&stdout);
+        }
         let command = self.helper_command(&target.environment, &workspace);
         let mut helper = HelperProcess::spawn(command, &self.helper)?;
         let exchange = helper.exchange(body, is_command, cancel);

@@ -2,20 +2,34 @@
 //! on demand on `<workspaces>/<environment>` with its socket at `<sockets>/<environment>.sock`
 //! (a directory of mode 0700), enrolled with the secret derived from the provider's key
 //! (docs/commands.md §4.1, §4.2). The provider side connects through [`LocalSupervisors::connect`].
+//!
+//! [`LocalSupervisors::sandboxed`] makes each supervisor the init (PID 1) of its environment's
+//! sandbox (docs/sandbox.md): the sandbox's host stage binds the socket, in a directory the
+//! sandbox does not see, and hands the listening descriptor down to the init, so only the
+//! provider can connect. Such a supervisor stops by itself once idle (no running command, no
+//! open connection) for [`SandboxPolicy::idle_exit`], and [`LocalSupervisors::stop`] ends it
+//! at once (its whole PID namespace dies with it); the next connection starts a fresh one.
+//! [`LocalSupervisors::call`] runs one one-shot helper request inside it (what the local
+//! transport does for every call of a sandboxed environment).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tokio::io::AsyncWriteExt as _;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
 
-use super::local::LocalTransport;
+use super::local::{LocalTransport, SandboxPolicy};
+use super::protocol::MAX_JSON_BODY;
 use super::supervisor_client::{ClientError, SupervisorConnection, connect_unix};
-use super::supervisor_protocol::{FrameError, SupervisorReply, derive_secret};
-use super::transport::TransportError;
+use super::supervisor_protocol::{
+    FrameError, MAX_CALL_CHUNK, SupervisorReply, SupervisorRequest, derive_secret,
+};
+use super::transport::{CancelSignal, TransportError};
+use crate::sandbox::{self, SandboxSpec};
 
 /// How long a freshly started supervisor may take to listen.
 pub const SUPERVISOR_START_DEADLINE: Duration = Duration::from_secs(10);
@@ -23,6 +37,8 @@ pub const SUPERVISOR_START_DEADLINE: Duration = Duration::from_secs(10);
 pub const LOCAL_NAMESPACE: &str = "dev";
 /// See [`LOCAL_NAMESPACE`].
 pub const LOCAL_POD_UID: &str = "local";
+/// Pause between connection attempts while a supervisor starts.
+const START_POLL: Duration = Duration::from_millis(5);
 
 /// A connection to a local supervisor.
 pub type LocalConnection = SupervisorConnection<OwnedReadHalf, OwnedWriteHalf>;
@@ -36,6 +52,11 @@ pub enum LocalSupervisorError {
     /// Starting the supervisor failed.
     #[error("cannot start the supervisor: {0}")]
     Start(std::io::Error),
+    /// The supervisor (or its sandbox) exited before it answered.
+    #[error(
+        "the supervisor exited before it answered (a sandbox setup failure is on the provider's stderr)"
+    )]
+    Exited,
     /// It did not listen in time.
     #[error("the supervisor did not listen within its deadline")]
     NotListening,
@@ -49,12 +70,24 @@ pub struct LocalSupervisors {
     layout: LocalTransport,
     sockets: PathBuf,
     key: Vec<u8>,
+    sandbox: Option<SandboxPolicy>,
     started: Mutex<BTreeMap<String, Child>>,
 }
 
+impl std::fmt::Debug for LocalSupervisors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalSupervisors")
+            .field("workspaces", &self.layout.workspaces)
+            .field("sockets", &self.sockets)
+            .field("sandbox", &self.sandbox)
+            .finish_non_exhaustive()
+    }
+}
+
 impl LocalSupervisors {
-    /// Supervisors running `helper` on `<workspaces>/<environment>`, their sockets in `sockets`,
-    /// their secrets derived from `key`. Supervisors this value started end with it.
+    /// Supervisors running `helper` on `<workspaces>/<environment>` with no isolation, their
+    /// sockets in `sockets`, their secrets derived from `key`. Supervisors this value started
+    /// end with it.
     pub fn new(
         helper: impl Into<PathBuf>,
         workspaces: impl Into<PathBuf>,
@@ -62,11 +95,36 @@ impl LocalSupervisors {
         key: impl Into<Vec<u8>>,
     ) -> Self {
         Self {
-            layout: LocalTransport::new(helper, workspaces),
+            layout: LocalTransport::unisolated(helper, workspaces),
             sockets: sockets.into(),
             key: key.into(),
+            sandbox: None,
             started: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// As [`LocalSupervisors::new`], but each supervisor is the init of its environment's
+    /// sandbox, built with `policy` (whose hidden paths gain `sockets`).
+    pub fn sandboxed(
+        helper: impl Into<PathBuf>,
+        workspaces: impl Into<PathBuf>,
+        sockets: impl Into<PathBuf>,
+        key: impl Into<Vec<u8>>,
+        mut policy: SandboxPolicy,
+    ) -> Self {
+        let supervisors = Self::new(helper, workspaces, sockets, key);
+        if !policy.hidden.contains(&supervisors.sockets) {
+            policy.hidden.push(supervisors.sockets.clone());
+        }
+        Self {
+            sandbox: Some(policy),
+            ..supervisors
+        }
+    }
+
+    /// Whether supervisors run in sandboxes.
+    pub fn is_sandboxed(&self) -> bool {
+        self.sandbox.is_some()
     }
 
     /// The socket of `environment`'s supervisor.
@@ -80,6 +138,17 @@ impl LocalSupervisors {
         derive_secret(&self.key, LOCAL_NAMESPACE, environment, LOCAL_POD_UID)
     }
 
+    /// The host pid of the process this value started for `environment` (the sandbox's host
+    /// stage when sandboxed), while it runs.
+    pub fn started_pid(&self, environment: &str) -> Option<u32> {
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        let child = started.get_mut(environment)?;
+        match child.try_wait() {
+            Ok(None) => child.id(),
+            _ => None,
+        }
+    }
+
     /// An authenticated connection to `environment`'s supervisor, started and enrolled first
     /// when none listens.
     pub async fn connect(
@@ -89,29 +158,122 @@ impl LocalSupervisors {
         let socket = self.socket_of(environment)?;
         let address = socket.display().to_string();
         let secret = self.secret_of(environment);
-        if let Ok(connection) = connect_unix(&address, secret).await {
-            if connection.enrolled_with_our_secret() {
-                return Ok(connection);
-            }
-            return self.enroll(connection).await;
-        }
-        self.start(environment, &socket)?;
         let deadline = tokio::time::Instant::now() + SUPERVISOR_START_DEADLINE;
-        let connection = loop {
+        let mut spawned = false;
+        loop {
             match connect_unix(&address, secret).await {
-                Ok(connection) => break connection,
-                Err(ClientError::Frame(FrameError::Io(_)))
-                    if tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                Err(ClientError::Frame(FrameError::Io(_))) => {
-                    return Err(LocalSupervisorError::NotListening);
-                }
+                Ok(connection) if connection.enrolled_with_our_secret() => return Ok(connection),
+                Ok(connection) => match self.enroll(connection).await {
+                    Err(LocalSupervisorError::Channel(e)) if went_away(&e) => {}
+                    enrolled => return enrolled,
+                },
+                Err(e) if went_away(&e) => {}
                 Err(e) => return Err(e.into()),
             }
+            // Nobody answers: none runs, it is starting, or an idle one is exiting.
+            if !self.is_running(environment) {
+                if spawned {
+                    return Err(LocalSupervisorError::Exited);
+                }
+                self.start(environment, &socket)?;
+                spawned = true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(LocalSupervisorError::NotListening);
+            }
+            tokio::time::sleep(START_POLL).await;
+        }
+    }
+
+    /// Ends `environment`'s supervisor (and with a sandboxed one every process of its
+    /// sandbox) and waits for it; nothing to do when none runs.
+    pub async fn stop(&self, environment: &str) {
+        let child = self
+            .started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(environment);
+        if let Some(mut child) = child {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Runs one one-shot helper `request` in `environment`'s supervisor: its stdout, once the
+    /// helper exited successfully. `hold_stdin` keeps the helper's stdin open until `cancel`
+    /// (a foreground command), as the local transport does with a helper of its own.
+    pub async fn call(
+        &self,
+        environment: &str,
+        request: &[u8],
+        hold_stdin: bool,
+        cancel: CancelSignal,
+    ) -> Result<Vec<u8>, TransportError> {
+        let unreachable = |e: LocalSupervisorError| match e {
+            LocalSupervisorError::Target(e) => e,
+            other => TransportError::stream(format!("the environment's sandbox: {other}")),
         };
-        self.enroll(connection).await
+        let failed = |e: ClientError| TransportError::stream(format!("the supervisor call: {e}"));
+        let mut connection = self.connect(environment).await.map_err(unreachable)?;
+        connection
+            .send(&SupervisorRequest::Call {
+                request_bytes: request.len() as u64,
+                hold_stdin,
+            })
+            .await
+            .map_err(failed)?;
+        for chunk in request.chunks(MAX_CALL_CHUNK) {
+            let input = SupervisorRequest::CallInput {
+                data: chunk.to_vec(),
+            };
+            connection.send(&input).await.map_err(failed)?;
+        }
+        let (mut replies, mut writer) = connection.split();
+        let reading = async {
+            let mut stdout = Vec::new();
+            loop {
+                match replies.next_reply().await.map_err(failed)? {
+                    Some(SupervisorReply::CallOutput { data }) => {
+                        if stdout.len() + data.len() > MAX_JSON_BODY {
+                            return Err(TransportError::stream(format!(
+                                "helper stdout exceeds {MAX_JSON_BODY} bytes"
+                            )));
+                        }
+                        stdout.extend_from_slice(&data);
+                    }
+                    Some(SupervisorReply::CallEnded { exit_code: 0, .. }) => return Ok(stdout),
+                    Some(SupervisorReply::CallEnded { exit_code, stderr }) => {
+                        let said = stderr.lines().last().unwrap_or("").trim().to_owned();
+                        tracing::warn!(exit_code, stderr = said, "the executor helper failed");
+                        return Err(TransportError::stream(format!(
+                            "helper exited with exit status: {exit_code}: {said}"
+                        )));
+                    }
+                    Some(SupervisorReply::Error(error)) => {
+                        return Err(TransportError::stream(format!(
+                            "the supervisor refused the call: {}",
+                            error.message
+                        )));
+                    }
+                    Some(other) => {
+                        return Err(TransportError::stream(format!(
+                            "unexpected supervisor reply {other:?}"
+                        )));
+                    }
+                    None => return Err(failed(ClientError::Closed)),
+                }
+            }
+        };
+        let closing = async {
+            cancel.cancelled().await;
+            // Closing our side closes the helper's stdin: the command is cancelled and
+            // still answers.
+            let _ = writer.shutdown().await;
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            result = reading => result,
+            () = closing => unreachable!("closing never completes"),
+        }
     }
 
     async fn enroll(
@@ -124,18 +286,21 @@ impl LocalSupervisors {
         }
     }
 
-    fn start(
-        &self,
-        environment: &str,
-        socket: &std::path::Path,
-    ) -> Result<(), LocalSupervisorError> {
+    fn is_running(&self, environment: &str) -> bool {
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        match started.get_mut(environment) {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    fn start(&self, environment: &str, socket: &Path) -> Result<(), LocalSupervisorError> {
         let workspace = self.layout.workspace_of(environment)?;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.sockets)
             .map_err(LocalSupervisorError::Start)?;
-        std::fs::create_dir_all(&workspace).map_err(LocalSupervisorError::Start)?;
         // One start per environment at a time: a concurrent caller waits for the same one.
         let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(child) = started.get_mut(environment)
@@ -143,12 +308,38 @@ impl LocalSupervisors {
         {
             return Ok(());
         }
-        let child = Command::new(&self.layout.helper)
-            .arg("supervise")
-            .arg("--workspace")
-            .arg(&workspace)
-            .arg("--socket")
-            .arg(socket)
+        let mut command = match &self.sandbox {
+            None => {
+                std::fs::create_dir_all(&workspace).map_err(LocalSupervisorError::Start)?;
+                let mut command = Command::new(&self.layout.helper);
+                command
+                    .arg("supervise")
+                    .arg("--workspace")
+                    .arg(&workspace)
+                    .arg("--socket")
+                    .arg(socket);
+                command
+            }
+            Some(policy) => {
+                let spec = SandboxSpec {
+                    network: policy.network.clone(),
+                    limits: policy.limits.clone(),
+                    hidden: policy.hidden.clone(),
+                    listen: Some(socket.to_owned()),
+                    ..SandboxSpec::new(&workspace, environment)
+                };
+                let idle = policy.idle_exit.as_millis().max(1).to_string();
+                let inner = [
+                    "supervise".into(),
+                    "--workspace".into(),
+                    sandbox::WORKSPACE_PATH.into(),
+                    "--idle-exit-ms".into(),
+                    idle.into(),
+                ];
+                Command::from(sandbox::command(&self.layout.helper, &spec, &inner))
+            }
+        };
+        let child = command
             .env_clear()
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true)
@@ -157,4 +348,12 @@ impl LocalSupervisors {
         started.insert(environment.to_owned(), child);
         Ok(())
     }
+}
+
+/// Whether `error` means nobody (or nobody any more) serves the socket.
+fn went_away(error: &ClientError) -> bool {
+    matches!(
+        error,
+        ClientError::Frame(FrameError::Io(_)) | ClientError::Closed
+    )
 }

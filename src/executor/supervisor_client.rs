@@ -89,30 +89,25 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SupervisorConnection<R, W> {
 
     /// The next verified reply; `None` when the supervisor closed the connection.
     pub async fn next_reply(&mut self) -> Result<Option<SupervisorReply>, ClientError> {
-        let Some(frame) = read_frame(&mut self.reader, MAX_FRAME).await? else {
-            return Ok(None);
+        next_verified(
+            &mut self.reader,
+            &self.binding,
+            &self.secret,
+            &mut self.reply_index,
+        )
+        .await
+    }
+
+    /// Splits the connection into its verified replies and its writing side (to close it,
+    /// which cancels a `call` or ends a `follow`, while replies are still read).
+    pub fn split(self) -> (ReplyReader<R>, W) {
+        let replies = ReplyReader {
+            reader: self.reader,
+            binding: self.binding,
+            secret: self.secret,
+            reply_index: self.reply_index,
         };
-        if frame.len() < TAG_LEN {
-            return Err(ClientError::Forged);
-        }
-        let (tag, body) = frame.split_at(TAG_LEN);
-        if tag.iter().all(|b| *b == 0) {
-            let error = match decode_strict::<SupervisorReply>(body) {
-                Ok(SupervisorReply::Error(error)) => Some(error),
-                _ => None,
-            };
-            return Err(ClientError::Untagged(error));
-        }
-        if !self
-            .binding
-            .verify(&self.secret, Direction::Reply, self.reply_index, body, tag)
-        {
-            return Err(ClientError::Forged);
-        }
-        self.reply_index += 1;
-        decode_strict(body)
-            .map(Some)
-            .map_err(|e| ClientError::Decode(e.to_string()))
+        (replies, self.writer)
     }
 
     /// Sends `request` and returns its reply.
@@ -156,6 +151,56 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> SupervisorConnection<R, W> {
     pub fn into_parts(self) -> (R, W) {
         (self.reader, self.writer)
     }
+}
+
+/// The reading side of a split connection.
+pub struct ReplyReader<R> {
+    reader: R,
+    binding: Binding,
+    secret: [u8; 32],
+    reply_index: u64,
+}
+
+impl<R: AsyncRead + Unpin> ReplyReader<R> {
+    /// The next verified reply; `None` when the supervisor closed the connection.
+    pub async fn next_reply(&mut self) -> Result<Option<SupervisorReply>, ClientError> {
+        next_verified(
+            &mut self.reader,
+            &self.binding,
+            &self.secret,
+            &mut self.reply_index,
+        )
+        .await
+    }
+}
+
+async fn next_verified(
+    reader: &mut (impl AsyncRead + Unpin),
+    binding: &Binding,
+    secret: &[u8; 32],
+    reply_index: &mut u64,
+) -> Result<Option<SupervisorReply>, ClientError> {
+    let Some(frame) = read_frame(reader, MAX_FRAME).await? else {
+        return Ok(None);
+    };
+    if frame.len() < TAG_LEN {
+        return Err(ClientError::Forged);
+    }
+    let (tag, body) = frame.split_at(TAG_LEN);
+    if tag.iter().all(|b| *b == 0) {
+        let error = match decode_strict::<SupervisorReply>(body) {
+            Ok(SupervisorReply::Error(error)) => Some(error),
+            _ => None,
+        };
+        return Err(ClientError::Untagged(error));
+    }
+    if !binding.verify(secret, Direction::Reply, *reply_index, body, tag) {
+        return Err(ClientError::Forged);
+    }
+    *reply_index += 1;
+    decode_strict(body)
+        .map(Some)
+        .map_err(|e| ClientError::Decode(e.to_string()))
 }
 
 /// Connects to a supervisor's Unix socket (`@name` abstract, else a path).

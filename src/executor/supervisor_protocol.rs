@@ -288,7 +288,28 @@ pub enum SupervisorRequest {
         #[serde(default)]
         seal: bool,
     },
+    /// Runs one request of the one-shot helper in the supervisor's environment (a `dev`
+    /// sandbox's file operations and foreground commands, docs/sandbox.md). Its
+    /// `request_bytes` follow as `call_input` frames; the connection then carries only the
+    /// call: `call_output`* and one `call_ended`. Any later frame from the client, or its end,
+    /// closes the helper's stdin, which cancels a foreground command.
+    Call {
+        /// Length of the helper request (at most [`super::protocol::MAX_JSON_BODY`]).
+        request_bytes: u64,
+        /// Keep the helper's stdin open after the request (a foreground command).
+        #[serde(default)]
+        hold_stdin: bool,
+    },
+    /// Part of a `call`'s helper request (at most [`MAX_CALL_CHUNK`] bytes).
+    CallInput {
+        /// The bytes.
+        #[serde(with = "base64_bytes")]
+        data: Vec<u8>,
+    },
 }
+
+/// Most bytes of one `call_input` or `call_output` frame.
+pub const MAX_CALL_CHUNK: usize = 1024 * 1024;
 
 /// Which stream a chunk of output came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -435,6 +456,20 @@ pub enum SupervisorReply {
         /// What is known.
         #[serde(default)]
         entry: Option<JournalEntry>,
+    },
+    /// Output of a call's helper (its stdout, in order).
+    CallOutput {
+        /// The bytes (at most [`MAX_CALL_CHUNK`]).
+        #[serde(with = "base64_bytes")]
+        data: Vec<u8>,
+    },
+    /// A call's helper exited.
+    CallEnded {
+        /// Its exit status (128 + the signal when killed).
+        exit_code: i32,
+        /// Its standard error (at most 64 KiB, lossily UTF-8).
+        #[serde(default)]
+        stderr: String,
     },
     /// A refusal or failure.
     Error(ExecutorError),

@@ -85,18 +85,25 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<HelperConf
 /// The whole helper process: returns its exit code (1 only if stdout cannot be written).
 pub fn main_entry() -> ExitCode {
     let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut listener = None;
     // In `dev` the helper is launched as a sandbox and carries on as its init.
     if crate::sandbox::is_stage(&args) {
         match crate::sandbox::enter(args) {
             crate::sandbox::Entered::Exit(code) => return code,
-            crate::sandbox::Entered::Init(inner) => args = inner,
+            crate::sandbox::Entered::Init {
+                args: inner,
+                listener: bound,
+            } => {
+                args = inner;
+                listener = bound;
+            }
         }
     }
     let mut args = args.into_iter().peekable();
     match args.peek().and_then(|a| a.to_str()) {
         Some("supervise") => {
             args.next();
-            return supervisor::main(args);
+            return supervisor::main(args, listener);
         }
         Some("reap-command") => {
             args.next();

@@ -23,6 +23,8 @@ use super::{
 
 /// Where a root provider's host stage binds the workspace for the inner stages.
 pub const STAGED_WORKSPACE: &str = "/tmp/workspace";
+/// Where a root provider's host stage binds this program's binary for the inner stages.
+pub const STAGED_HELPER: &str = "/tmp/execution-helper";
 /// Deepest directory tree handed to the sandbox's id on first use.
 const MAX_ADOPT_DEPTH: usize = 256;
 
@@ -55,6 +57,8 @@ impl SandboxIds {
 /// Runs stage 1 and returns the sandbox's exit status.
 pub fn run(spec: &SandboxSpec, inner: &[std::ffi::OsString]) -> Result<ExitCode, SetupError> {
     super::inherited::close_strays();
+    // Bound first, while this stage still sees the host's file system as the launcher does.
+    let listener = spec.listen.as_deref().map(bind_listener).transpose()?;
     let cgroup = PidsCgroup::join(&spec.cgroup_name, spec.limits.pids)?;
     if cgroup.is_none() {
         eprintln!(
@@ -62,7 +66,7 @@ pub fn run(spec: &SandboxSpec, inner: &[std::ffi::OsString]) -> Result<ExitCode,
         );
     }
     let ids = SandboxIds::for_current_provider();
-    let result = run_in_cgroup(spec, inner, ids, cgroup.is_some());
+    let result = run_in_cgroup(spec, inner, ids, cgroup.is_some(), listener);
     if let Some(cgroup) = cgroup {
         cgroup.leave_and_remove();
     }
@@ -74,8 +78,10 @@ fn run_in_cgroup(
     inner: &[std::ffi::OsString],
     ids: SandboxIds,
     pids_cgroup: bool,
+    listener: Option<OwnedFd>,
 ) -> Result<ExitCode, SetupError> {
-    let workspace = prepare_workspace(&spec.workspace, ids)?;
+    let helper = std::env::current_exe().step("finding this program's binary")?;
+    let (workspace, helper) = prepare_workspace(&spec.workspace, &helper, ids)?;
     // The child's ends stay open across execve; ours are close-on-exec.
     let (unshared_read, unshared_write) = rustix::pipe::pipe().step("creating a pipe")?;
     let (mapped_read, mapped_write) = rustix::pipe::pipe().step("creating a pipe")?;
@@ -84,10 +90,12 @@ fn run_in_cgroup(
     }
     let handoff = Handoff {
         workspace,
+        helper,
         unshared_fd: unshared_write.as_raw_fd(),
         mapped_fd: mapped_read.as_raw_fd(),
         host_pid: std::process::id() as i32,
         pids_cgroup,
+        listener_fd: listener.as_ref().map(|l| l.as_raw_fd()),
     };
     let mut child = std::process::Command::new("/proc/self/exe")
         .args(stage_args(
@@ -98,7 +106,9 @@ fn run_in_cgroup(
         ))
         .spawn()
         .step("starting the user-namespace stage")?;
-    drop((unshared_write, mapped_read));
+    // The sandbox holds the listener from here; this stage's copy would keep it open after
+    // the init ended.
+    drop((unshared_write, mapped_read, listener));
     let mut byte = [0u8; 1];
     let unshared = std::fs::File::from(unshared_read)
         .read(&mut byte)
@@ -120,6 +130,21 @@ fn run_in_cgroup(
     Ok(forward_status(status))
 }
 
+/// Binds the Unix socket `path` for the sandbox's init (replacing a stale socket, refusing
+/// one a live process serves) and leaves its descriptor inheritable.
+fn bind_listener(path: &Path) -> Result<OwnedFd, SetupError> {
+    let step = "binding the supervisor's socket";
+    let address = path
+        .to_str()
+        .ok_or_else(|| SetupError::new(step, "the path is not UTF-8"))?;
+    if address.starts_with('@') {
+        return Err(SetupError::new(step, "an abstract name is not a path"));
+    }
+    let listener = OwnedFd::from(crate::helper::supervisor::bind(address).step(step)?);
+    rustix::io::fcntl_setfd(&listener, FdFlags::empty()).step(step)?;
+    Ok(listener)
+}
+
 /// Writes `0 <uid> 1` and `0 <gid> 1` for process `pid` (after denying setgroups, which an
 /// unprivileged writer must and which the sandbox never needs).
 fn write_id_maps(pid: u32, ids: SandboxIds) -> Result<(), SetupError> {
@@ -132,17 +157,22 @@ fn write_id_maps(pid: u32, ids: SandboxIds) -> Result<(), SetupError> {
     Ok(())
 }
 
-/// Makes the workspace directory (0755) if missing and returns the path at which the inner
-/// stages open it.
+/// Makes the workspace directory (0755) if missing and returns the paths at which the inner
+/// stages open it and this program's binary `helper`.
 ///
 /// An unprivileged provider's sandbox root is the provider's own uid, so the inner stages
 /// can walk to the workspace themselves. A root provider's sandbox root is
 /// [`ROOT_PROVIDER_SANDBOX_ID`], which may not traverse the host directories above the
 /// workspace (a state directory under `/root`, a 0700 temporary directory): the host stage
 /// then moves to a mount namespace of its own, hands the workspace to that id, and binds it
-/// at [`STAGED_WORKSPACE`], on a tmpfs that hides the host's `/tmp` in that namespace only.
-/// The inner stages' mount namespace starts as a copy of this one.
-fn prepare_workspace(path: &Path, ids: SandboxIds) -> Result<PathBuf, SetupError> {
+/// at [`STAGED_WORKSPACE`] (and the binary at [`STAGED_HELPER`]), on a tmpfs that hides the
+/// host's `/tmp` in that namespace only. The inner stages' mount namespace starts as a copy
+/// of this one.
+fn prepare_workspace(
+    path: &Path,
+    helper: &Path,
+    ids: SandboxIds,
+) -> Result<(PathBuf, PathBuf), SetupError> {
     use std::os::unix::fs::DirBuilderExt as _;
     match std::fs::DirBuilder::new()
         .recursive(true)
@@ -155,7 +185,7 @@ fn prepare_workspace(path: &Path, ids: SandboxIds) -> Result<PathBuf, SetupError
     }
     if !rustix::process::geteuid().is_root() {
         open_directory(path)?;
-        return Ok(path.to_owned());
+        return Ok((path.to_owned(), helper.to_owned()));
     }
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
         .step("creating the host stage's mount namespace")?;
@@ -185,7 +215,10 @@ fn prepare_workspace(path: &Path, ids: SandboxIds) -> Result<PathBuf, SetupError
         .step("staging the workspace")?;
     let source = format!("/proc/self/fd/{}", workspace.as_raw_fd());
     rustix::mount::mount_bind(source.as_str(), staged).step("staging the workspace")?;
-    Ok(staged.to_owned())
+    let staged_helper = Path::new(STAGED_HELPER);
+    std::fs::write(staged_helper, b"").step("staging the helper")?;
+    rustix::mount::mount_bind(helper, staged_helper).step("staging the helper")?;
+    Ok((staged.to_owned(), staged_helper.to_owned()))
 }
 
 /// Opens directory `path`, refusing a symlink.

@@ -25,6 +25,15 @@ pub fn take(raw: i32, what: &str) -> Result<OwnedFd, SetupError> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
+/// [`take`], and marks the descriptor close-on-exec so that nothing this stage starts inherits
+/// it.
+pub fn take_close_on_exec(raw: i32, what: &str) -> Result<OwnedFd, SetupError> {
+    let fd = take(raw, what)?;
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| SetupError::new(what, e))?;
+    Ok(fd)
+}
+
 /// Closes every descriptor above the standard streams: the host stage starts with nothing
 /// but what the launcher meant to give (a stray descriptor would reach the workload).
 pub fn close_strays() {

@@ -16,7 +16,7 @@ use landlock::{
     RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
 
-use super::rootfs::HOST_SYSTEM_DIRS;
+use super::rootfs::{HELPER_PATH, HOST_SYSTEM_DIRS};
 use super::{Network, SetupError, Step as _, WORKSPACE_PATH};
 
 /// The newest ABI whose rights the sandbox asks for.
@@ -53,6 +53,8 @@ pub fn restrict(network: &Network) -> Result<(), SetupError> {
         .add_rules(path_beneath_rules(["/"], AccessFs::ReadDir))
         .step(step)?
         .add_rules(path_beneath_rules(HOST_SYSTEM_DIRS, read))
+        .step(step)?
+        .add_rules(path_beneath_rules([HELPER_PATH], read))
         .step(step)?
         .add_rules(path_beneath_rules(
             ["/proc"],

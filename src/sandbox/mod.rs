@@ -100,6 +100,11 @@ pub struct SandboxSpec {
     pub hostname: String,
     /// A name for the pids cgroup (one plain component; the host stage adds its pid).
     pub cgroup_name: String,
+    /// A Unix socket path the host stage binds (in a directory the sandbox does not see) and
+    /// whose listening descriptor the init receives ([`Entered::Init`]'s `listener`): the
+    /// channel of a supervisor that is the sandbox's init. `None`: no listener.
+    #[serde(default)]
+    pub listen: Option<PathBuf>,
 }
 
 impl SandboxSpec {
@@ -112,6 +117,7 @@ impl SandboxSpec {
             limits: Limits::default(),
             hostname: name.to_owned(),
             cgroup_name: name.to_owned(),
+            listen: None,
         }
     }
 }
@@ -131,6 +137,13 @@ pub struct Handoff {
     pub host_pid: i32,
     /// Whether a pids cgroup bounds the sandbox (otherwise `RLIMIT_NPROC` does).
     pub pids_cgroup: bool,
+    /// Where the inner stages find this program's binary (bound into the sandbox at
+    /// [`rootfs::HELPER_PATH`]).
+    #[serde(default)]
+    pub helper: PathBuf,
+    /// The listening socket the host stage bound for [`SandboxSpec::listen`].
+    #[serde(default)]
+    pub listener_fd: Option<i32>,
 }
 
 /// A sandbox stage.
@@ -165,9 +178,16 @@ impl Stage {
 pub enum Entered {
     /// A launching stage finished: exit with this status.
     Exit(ExitCode),
-    /// This process is the confined init of the sandbox: carry on as the program, with these
-    /// arguments (the ones the launcher put after `--`).
-    Init(Vec<OsString>),
+    /// This process is the confined init of the sandbox: carry on as the program, with
+    /// `args` (the ones the launcher put after `--`) and, when the spec asked for one, the
+    /// listening socket the host stage bound (close-on-exec, so nothing the init starts
+    /// inherits it).
+    Init {
+        /// The program's arguments.
+        args: Vec<OsString>,
+        /// The listener of [`SandboxSpec::listen`].
+        listener: Option<std::os::fd::OwnedFd>,
+    },
 }
 
 /// A failed setup step.
@@ -276,8 +296,15 @@ fn run_stage(args: Vec<OsString>) -> Result<Entered, SetupError> {
             namespaces::run(&spec, &handoff, &inner).map(Entered::Exit)
         }
         (Stage::Init, Some(handoff)) => {
+            let listener = handoff
+                .listener_fd
+                .map(|fd| inherited::take_close_on_exec(fd, "the listening socket"))
+                .transpose()?;
             init(&spec, &handoff)?;
-            Ok(Entered::Init(inner))
+            Ok(Entered::Init {
+                args: inner,
+                listener,
+            })
         }
         _ => Err(usage()),
     }
@@ -329,6 +356,8 @@ mod tests {
             mapped_fd: 5,
             host_pid: 42,
             pids_cgroup: true,
+            helper: "/tmp/execution-helper".into(),
+            listener_fd: Some(6),
         };
         let inner: Vec<OsString> = vec!["--workspace".into(), "/workspace".into()];
         let args = stage_args(Stage::UserNamespace, &spec, Some(&handoff), &inner);

@@ -21,6 +21,11 @@ pub fn run(
 ) -> Result<ExitCode, SetupError> {
     let unshared = std::fs::File::from(inherited::take(handoff.unshared_fd, "the handoff")?);
     let mapped = std::fs::File::from(inherited::take(handoff.mapped_fd, "the handoff")?);
+    // Inherited by the init; this stage's copy is closed once the init runs.
+    let listener = handoff
+        .listener_fd
+        .map(|fd| inherited::take(fd, "the listening socket"))
+        .transpose()?;
     if rustix::process::geteuid().is_root() {
         // The host root's supplementary groups would otherwise follow into the sandbox.
         rustix::thread::set_thread_groups(&[]).step("dropping supplementary groups")?;
@@ -53,6 +58,7 @@ pub fn run(
         .args(stage_args(Stage::Init, spec, Some(handoff), inner))
         .spawn()
         .step("starting the sandbox init")?;
+    drop(listener);
     let status = init.wait().step("waiting for the sandbox init")?;
     Ok(forward_status(status))
 }

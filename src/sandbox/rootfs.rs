@@ -8,6 +8,7 @@
 //! /tmp         a private tmpfs (Limits::tmp_bytes), mode 1777
 //! /dev         null zero full random urandom tty (binds of the host's), a new devpts
 //!              instance, /dev/shm (tmpfs) and the fd symlinks
+//! /.execution-helper  the helper binary, read-only (the init starts its children with it)
 //! /proc        a new procfs of the sandbox's PID namespace, with the entries that describe
 //!              the host's kernel masked or read-only
 //! ```
@@ -25,6 +26,9 @@ use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 
 use super::host::open_directory;
 use super::{Handoff, SandboxSpec, SetupError, Step as _, WORKSPACE_PATH};
+
+/// Where the sandbox sees the helper binary (read-only, executable).
+pub const HELPER_PATH: &str = "/.execution-helper";
 
 /// The host directories the sandbox sees, read-only.
 pub const HOST_SYSTEM_DIRS: [&str; 8] = [
@@ -81,6 +85,7 @@ const EMPTY_FILE: &str = ".masked";
 pub fn build(spec: &SandboxSpec, handoff: &Handoff) -> Result<(), SetupError> {
     // Opened before the staging tmpfs hides the host stage's /tmp.
     let workspace = open_directory(&handoff.workspace)?;
+    let helper = std::fs::File::open(&handoff.helper).step("opening the helper's binary")?;
     rustix::mount::mount_change(
         "/",
         MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
@@ -111,6 +116,8 @@ pub fn build(spec: &SandboxSpec, handoff: &Handoff) -> Result<(), SetupError> {
     remount_bind(&inside, &source, MountFlags::NOSUID | MountFlags::NODEV)?;
     drop(workspace);
 
+    place_helper(root, &helper)?;
+    drop(helper);
     let tmp = root.join("tmp");
     make_dir(&tmp)?;
     let tmp_options = format!("mode=1777,size={}", spec.limits.tmp_bytes);
@@ -118,6 +125,16 @@ pub fn build(spec: &SandboxSpec, handoff: &Handoff) -> Result<(), SetupError> {
     build_dev(&root.join("dev"))?;
     build_proc(root, &root.join("proc"))?;
     enter_root(root)
+}
+
+/// Binds this program (the helper, whose host path the sandbox does not see) read-only at
+/// [`HELPER_PATH`], so that the init can start its reapers and per-call helpers with a path
+/// Landlock lets it execute.
+fn place_helper(root: &Path, helper: &std::fs::File) -> Result<(), SetupError> {
+    let inside = root.join(HELPER_PATH.trim_start_matches('/'));
+    std::fs::write(&inside, b"").step("creating the helper's mount point")?;
+    let source = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(helper));
+    bind_read_only(Path::new(&source), &inside)
 }
 
 /// Places host directory `host` in the new root: its symlink as is, or a read-only bind.

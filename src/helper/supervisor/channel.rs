@@ -6,13 +6,14 @@ use std::sync::atomic::Ordering;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
+use super::helper_call::{self, CallEvent};
 use super::journal::CommandEntry;
 use super::service::Supervisor;
-use crate::executor::protocol::{ErrorCode, ExecutorError, decode_strict};
+use crate::executor::protocol::{ErrorCode, ExecutorError, MAX_JSON_BODY, decode_strict};
 use crate::executor::supervisor_protocol::{
-    Binding, ClaimTuple, Direction, Hello, MAX_FOLLOWERS_PER_COMMAND, MAX_FRAME, MAX_STATUS_BYTES,
-    PROTOCOL_VERSION, SupervisorReply, SupervisorRequest, TAG_LEN, parse_secret, read_frame,
-    secret_id, write_frame,
+    Binding, ClaimTuple, Direction, Hello, MAX_CALL_CHUNK, MAX_FOLLOWERS_PER_COMMAND, MAX_FRAME,
+    MAX_STATUS_BYTES, PROTOCOL_VERSION, SupervisorReply, SupervisorRequest, TAG_LEN, parse_secret,
+    read_frame, secret_id, write_frame,
 };
 
 /// The writing side of a connection: numbers and tags every reply.
@@ -121,6 +122,25 @@ pub async fn serve(
                     )),
                 }
             }
+            SupervisorRequest::Call {
+                request_bytes,
+                hold_stdin,
+            } => {
+                let mut requests = Requests {
+                    reader: &mut reader,
+                    index,
+                };
+                call(
+                    &supervisor,
+                    &secret,
+                    &mut replies,
+                    &mut requests,
+                    request_bytes,
+                    hold_stdin,
+                )
+                .await;
+                return;
+            }
             SupervisorRequest::Follow {
                 command_id,
                 claim,
@@ -165,6 +185,116 @@ fn authenticate(
     binding
         .verify(&secret, Direction::Request, index, body, tag)
         .then_some(secret)
+}
+
+/// The reading side of a connection after its first request: verifies each further frame.
+struct Requests<'a, R> {
+    reader: &'a mut R,
+    index: u64,
+}
+
+impl<R: AsyncRead + Unpin> Requests<'_, R> {
+    /// The next request, verified with `secret`; `None` at the end of the stream or for a
+    /// frame that is not a verified request.
+    async fn next(
+        &mut self,
+        supervisor: &Supervisor,
+        binding: &Binding,
+    ) -> Option<SupervisorRequest> {
+        let frame = read_frame(&mut *self.reader, MAX_FRAME).await.ok()??;
+        if frame.len() < TAG_LEN {
+            return None;
+        }
+        let (tag, body) = frame.split_at(TAG_LEN);
+        let secret = supervisor.secret()?;
+        if !binding.verify(&secret, Direction::Request, self.index, body, tag) {
+            return None;
+        }
+        self.index += 1;
+        decode_strict(body).ok()
+    }
+}
+
+/// A `call`: reads its request from `call_input` frames, runs the one-shot helper in this
+/// environment, and streams its output and end; anything more from the client, or its end,
+/// closes the helper's stdin.
+async fn call<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    supervisor: &Supervisor,
+    secret: &[u8; 32],
+    replies: &mut Replies<W>,
+    requests: &mut Requests<'_, R>,
+    request_bytes: u64,
+    hold_stdin: bool,
+) {
+    let Some(length) = usize::try_from(request_bytes)
+        .ok()
+        .filter(|l| *l <= MAX_JSON_BODY)
+    else {
+        let reply = SupervisorReply::Error(ExecutorError::new(
+            ErrorCode::ResourceExhausted,
+            "request is too large",
+        ));
+        replies.tagged(secret, &reply).await;
+        return;
+    };
+    let mut request = Vec::with_capacity(length);
+    while request.len() < length {
+        let binding = replies.binding.clone();
+        match requests.next(supervisor, &binding).await {
+            Some(SupervisorRequest::CallInput { data })
+                if data.len() <= MAX_CALL_CHUNK && request.len() + data.len() <= length =>
+            {
+                request.extend_from_slice(&data);
+            }
+            _ => {
+                replies
+                    .untagged(ErrorCode::InvalidArgument, "malformed call")
+                    .await;
+                return;
+            }
+        }
+    }
+    let helper = &supervisor.helper;
+    let mut run = match helper_call::start(
+        helper,
+        &supervisor.root,
+        supervisor.reaper_pids(),
+        request,
+        hold_stdin,
+    ) {
+        Ok(run) => run,
+        Err(error) => {
+            replies.tagged(secret, &SupervisorReply::Error(error)).await;
+            return;
+        }
+    };
+    let mut probe = [0u8; 1];
+    let mut listening = true;
+    loop {
+        tokio::select! {
+            event = run.events.recv() => match event {
+                Some(CallEvent::Output(data)) => {
+                    let reply = SupervisorReply::CallOutput { data };
+                    if !replies.tagged(secret, &reply).await {
+                        return;
+                    }
+                }
+                Some(CallEvent::Ended { exit_code, stderr }) => {
+                    let reply = SupervisorReply::CallEnded {
+                        exit_code,
+                        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+                    };
+                    replies.tagged(secret, &reply).await;
+                    return;
+                }
+                None => return,
+            },
+            _ = requests.reader.read(&mut probe), if listening => {
+                listening = false;
+                run.cancel();
+            }
+        }
+    }
 }
 
 /// Streams output from `offset` until the command ended and every byte was sent, then its

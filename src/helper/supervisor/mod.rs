@@ -8,6 +8,7 @@
 
 pub mod channel;
 pub mod command_link;
+pub mod helper_call;
 pub mod journal;
 pub mod reaper_process;
 pub mod reaper_wire;
@@ -38,13 +39,18 @@ pub struct SuperviseConfig {
     pub workspace: PathBuf,
     /// `@name` for an abstract socket, else a path.
     pub socket: String,
+    /// Exit once this long has passed with no running command and no open connection (the
+    /// on-demand supervisors of `dev`); `None`: run until stopped.
+    pub idle_exit: Option<Duration>,
 }
 
-/// Parses `--workspace DIR` and `--socket ADDR` (the arguments after `supervise`).
+/// Parses `--workspace DIR`, `--socket ADDR` and `--idle-exit-ms MS` (the arguments after
+/// `supervise`).
 pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<SuperviseConfig, String> {
     let mut config = SuperviseConfig {
         workspace: PathBuf::from(crate::helper::DEFAULT_WORKSPACE),
         socket: DEFAULT_SOCKET.to_owned(),
+        idle_exit: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -56,6 +62,12 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<SuperviseC
         match arg.to_str() {
             Some("--workspace") => config.workspace = PathBuf::from(value()?),
             Some("--socket") => config.socket = value()?,
+            Some("--idle-exit-ms") => {
+                let ms: u64 = value()?
+                    .parse()
+                    .map_err(|_| "--idle-exit-ms needs a number of milliseconds".to_owned())?;
+                config.idle_exit = Some(Duration::from_millis(ms.max(1)));
+            }
             _ => return Err(format!("unexpected argument {}", arg.to_string_lossy())),
         }
     }
@@ -90,23 +102,34 @@ pub fn bind(address: &str) -> std::io::Result<std::os::unix::net::UnixListener> 
     UnixListener::bind(path)
 }
 
-/// The whole `supervise` process.
-pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+/// The whole `supervise` process. `inherited` is the listener the `dev` sandbox's host stage
+/// bound for it (the supervisor is then the sandbox's init, and `--socket` is not used).
+pub fn main(
+    args: impl IntoIterator<Item = OsString>,
+    inherited: Option<std::os::fd::OwnedFd>,
+) -> ExitCode {
     let config = match parse_args(args) {
         Ok(config) => config,
         Err(problem) => {
             eprintln!(
-                "execution-helper supervise: {problem}\nusage: execution-helper supervise [--workspace DIR] [--socket @NAME|PATH]"
+                "execution-helper supervise: {problem}\nusage: execution-helper supervise [--workspace DIR] [--socket @NAME|PATH] [--idle-exit-ms MS]"
             );
             return ExitCode::from(2);
         }
     };
+    let sandboxed = inherited.is_some();
     harden();
     if !crate::helper::reaper::become_subreaper() {
         eprintln!("execution-helper supervise: cannot become a child subreaper");
         return ExitCode::from(1);
     }
-    let helper = match std::env::current_exe() {
+    let own_binary = if sandboxed {
+        // The host path of the binary is outside the sandbox's view; the sandbox binds it here.
+        Ok(PathBuf::from(crate::sandbox::rootfs::HELPER_PATH))
+    } else {
+        std::env::current_exe()
+    };
+    let helper = match own_binary {
         Ok(helper) => helper,
         Err(e) => {
             eprintln!("execution-helper supervise: cannot find its own binary: {e}");
@@ -125,7 +148,11 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let listener = match bind(&config.socket).and_then(|l| {
+        let bound = match inherited {
+            Some(fd) => Ok(std::os::unix::net::UnixListener::from(fd)),
+            None => bind(&config.socket),
+        };
+        let listener = match bound.and_then(|l| {
             l.set_nonblocking(true)?;
             tokio::net::UnixListener::from_std(l)
         }) {
@@ -139,22 +166,59 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             }
         };
         let supervisor = Supervisor::new(helper, config.workspace, Runtime::system());
-        serve(supervisor, listener).await
+        let stop = Stop {
+            signals: !sandboxed,
+            idle_exit: config.idle_exit,
+        };
+        serve(supervisor, listener, stop).await
     })
 }
 
-async fn serve(supervisor: Arc<Supervisor>, listener: tokio::net::UnixListener) -> ExitCode {
+/// What ends the supervisor besides its own death.
+struct Stop {
+    /// SIGTERM and SIGINT. Not for a sandbox's init: its members could send them (the kernel
+    /// drops only signals a namespace's init has no handler for); that supervisor ends when
+    /// its host stage is killed (the whole namespace dies with it) or when idle.
+    signals: bool,
+    /// The idle timeout.
+    idle_exit: Option<Duration>,
+}
+
+async fn serve(
+    supervisor: Arc<Supervisor>,
+    listener: tokio::net::UnixListener,
+    stop: Stop,
+) -> ExitCode {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut terminate) = signal(SignalKind::terminate()) else {
-        return ExitCode::from(1);
+    let (mut terminate, mut interrupt) = if stop.signals {
+        let Ok(terminate) = signal(SignalKind::terminate()) else {
+            return ExitCode::from(1);
+        };
+        (Some(terminate), signal(SignalKind::interrupt()).ok())
+    } else {
+        (None, None)
     };
-    let mut interrupt = signal(SignalKind::interrupt()).ok();
     tokio::spawn(supervisor.clone().watch_deadlines());
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut idle = stop
+        .idle_exit
+        .map(|after| IdleWatch::new(after, &supervisor));
     loop {
         let interrupted = async {
             match interrupt.as_mut() {
                 Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let terminated = async {
+            match terminate.as_mut() {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let idle_over = async {
+            match idle.as_mut() {
+                Some(watch) => watch.expired(&supervisor, &slots).await,
                 None => std::future::pending().await,
             }
         };
@@ -170,10 +234,43 @@ async fn serve(supervisor: Arc<Supervisor>, listener: tokio::net::UnixListener) 
                     drop(slot);
                 });
             }
-            _ = terminate.recv() => break,
+            _ = terminated => break,
             _ = interrupted => break,
+            () = idle_over => break,
         }
     }
     supervisor.end_all(STOP_GRACE).await;
     ExitCode::SUCCESS
+}
+
+/// The idle timeout: expires once `after` has passed, measured on the supervisor's clock, with
+/// no running command and no open connection at every check in between.
+struct IdleWatch {
+    after: Duration,
+    since: tokio::time::Instant,
+}
+
+impl IdleWatch {
+    fn new(after: Duration, supervisor: &Supervisor) -> Self {
+        IdleWatch {
+            after,
+            since: supervisor.runtime.clock.monotonic(),
+        }
+    }
+
+    /// Resolves when the supervisor has been idle for `after`.
+    async fn expired(&mut self, supervisor: &Supervisor, slots: &Semaphore) {
+        let check = (self.after / 4).clamp(Duration::from_millis(20), Duration::from_secs(5));
+        loop {
+            let now = supervisor.runtime.clock.monotonic();
+            let busy =
+                slots.available_permits() < MAX_CONNECTIONS || supervisor.running_commands() > 0;
+            if busy {
+                self.since = now;
+            } else if now.duration_since(self.since) >= self.after {
+                return;
+            }
+            tokio::time::sleep(check).await;
+        }
+    }
 }

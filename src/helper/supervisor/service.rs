@@ -85,6 +85,16 @@ impl Supervisor {
         }
     }
 
+    /// The pids of the supervisor's legitimate children (reapers and per-call helpers).
+    pub fn reaper_pids(&self) -> &ReaperPids {
+        &self.reapers
+    }
+
+    /// How many commands are running.
+    pub fn running_commands(&self) -> usize {
+        self.journal().running().count()
+    }
+
     fn journal(&self) -> MutexGuard<'_, Journal> {
         self.journal.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -196,7 +206,10 @@ impl Supervisor {
             SupervisorRequest::Journal { command_id, seal } => SupervisorReply::Journal {
                 entry: self.journal().journal(&command_id, seal),
             },
-            SupervisorRequest::Enroll { .. } | SupervisorRequest::Follow { .. } => {
+            SupervisorRequest::Enroll { .. }
+            | SupervisorRequest::Follow { .. }
+            | SupervisorRequest::Call { .. }
+            | SupervisorRequest::CallInput { .. } => {
                 refuse(ErrorCode::InvalidArgument, "request not valid here")
             }
         }
