@@ -31,7 +31,7 @@ fn schema() -> Value {
         .clone()
 }
 
-const IMMUTABLE: [&str; 15] = [
+const IMMUTABLE: [&str; 16] = [
     "allocationID",
     "revision",
     "ownerHash",
@@ -47,6 +47,7 @@ const IMMUTABLE: [&str; 15] = [
     "storageClass",
     "storageSize",
     "resources",
+    "createDeadline",
 ];
 
 #[test]

@@ -83,6 +83,52 @@ fn the_rendered_templates_and_manifest_are_what_the_provider_loads(helm: &Path) 
     assert_eq!(deployment["spec"]["replicas"], 2);
 }
 
+/// A template of 10,000 environments (the largest `maxEnvironments`) with a quota to match
+/// renders, passes the values schema, and is what the provider loads (docs/operating.md §4,
+/// "Raising a template's limit").
+fn a_template_of_ten_thousand_environments_renders_and_loads(helm: &Path) {
+    let values: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart().join("ci/test-values.yaml")).expect("values"),
+    )
+    .expect("yaml");
+    let default = &values["templates"]["default"];
+    let key = default["default"].as_str().expect("default revision");
+    let mut execution = default["revisions"][key]["execution"].clone();
+    execution["maxEnvironments"] = 10_000.into();
+    let spec: execution_provider::templates::ProfileSpec =
+        serde_json::from_value(execution.clone()).expect("spec");
+    let large = execution_provider::templates::canonical_template_revision(
+        &spec.validate().expect("valid"),
+    );
+    let extra = serde_json::json!({
+        "templates": {"large": {"default": large, "revisions": {large.clone(): {"execution": execution}}}},
+        "resourceGovernance": {"executionEnvironments": "10100", "persistentVolumeClaims": "10100",
+                               "pods": "10200"},
+    });
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("large.yaml");
+    std::fs::write(&file, extra.to_string()).expect("write");
+    let rendered = render(helm, &["-f", file.to_str().unwrap()]).expect("renders");
+    let objects = objects(&rendered);
+    let templates = find(&objects, "ConfigMap", "demo-execution-provider-templates");
+    let text = templates["data"]["templates.yaml"].as_str().unwrap();
+    let registry = TemplateRegistry::from_yaml_str(text, "chart").expect("the provider loads it");
+    assert_eq!(registry.capacity("large"), Some(10_000));
+    let quota = find(&objects, "ResourceQuota", "demo-execution-provider");
+    assert_eq!(
+        quota["spec"]["hard"]["count/executionenvironments.execution.mecatl.dev"],
+        "10100"
+    );
+    for index in 1..execution_provider::kube::crd::LEDGER_SHARDS {
+        let name = execution_provider::kube::crd::ledger_shard_name(index);
+        let shard = find(&objects, "ConfigMap", &name);
+        assert_eq!(
+            shard["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{name}"
+        );
+    }
+}
+
 fn rbac_is_exactly_what_the_provider_calls_and_never_secrets(helm: &Path) {
     let rendered = render(helm, &[]).expect("renders");
     let objects = objects(&rendered);
@@ -256,6 +302,10 @@ fn main() -> std::process::ExitCode {
         chart_test(
             "rbac_is_exactly_what_the_provider_calls_and_never_secrets",
             rbac_is_exactly_what_the_provider_calls_and_never_secrets,
+        ),
+        chart_test(
+            "a_template_of_ten_thousand_environments_renders_and_loads",
+            a_template_of_ten_thousand_environments_renders_and_loads,
         ),
         chart_test(
             "the_chart_has_no_hooks_no_pvcs_and_no_open_egress",

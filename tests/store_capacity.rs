@@ -1,12 +1,15 @@
-//! The capacity ledger (store §2.5, DECISIONS 16) through the real store against the
-//! in-process API server: reservation before create, self-healing from live environments,
-//! release only on a definitive rejection or a lost template race, and a missing ledger
-//! that fails clearly and is never created.
+//! The capacity ledger (store §2.5, DECISIONS 16, docs/store.md "The capacity ledger")
+//! through the real store against the in-process API server: reservation before create,
+//! migration of the format before sharding (with the live environments), release only on a
+//! definitive rejection or a lost template race, and a missing ledger that fails clearly and
+//! is never created. Reclaiming slots of ambiguous creates: `store_capacity_reclaim.rs`.
 
 mod store_support;
 
 use execution_provider::errors::ErrorCode;
-use execution_provider::kube::crd::{LEDGER_CONFIGMAP_NAME, ledger_key};
+use execution_provider::kube::crd::{
+    LEDGER_CONFIGMAP_NAME, LEDGER_SHARDS, ledger_key, ledger_shard_name, ledger_slots_key,
+};
 use execution_provider::store::naming::allocation_name;
 use store_support::*;
 
@@ -53,34 +56,96 @@ async fn a_replayed_allocation_does_not_take_a_second_slot() {
 }
 
 #[tokio::test]
-async fn an_environment_missing_from_the_ledger_still_counts_against_the_limit() {
+async fn a_ledger_of_the_format_before_sharding_is_migrated_with_the_live_environments() {
     let world = World::new().await;
-    let store = world.store();
-    store
+    let first = world
+        .store()
         .ensure_template(&ensure_request(
             &world, CLIENT, "alice", "b1", "small", "op-1",
         ))
         .await
         .expect("first");
-    // The ledger loses its entry (an operator edit): the live environment still counts.
+    // The ledger as the release before sharding wrote it, missing the live environment (an
+    // operator edit): the migration counts the live environment too.
     let mut map = world
         .config_maps()
         .get(LEDGER_CONFIGMAP_NAME)
         .await
         .expect("ledger");
-    map.data = None;
+    map.data = Some([(ledger_key("small"), "[]".to_owned())].into());
     world
         .config_maps()
         .replace(LEDGER_CONFIGMAP_NAME, &Default::default(), &map)
         .await
-        .expect("wipe");
-    let err = store
+        .expect("rewrite");
+    let err = world
+        .store()
         .ensure_template(&ensure_request(
             &world, CLIENT, "bob", "b2", "small", "op-2",
         ))
         .await
         .expect_err("limit 1 is already used");
     assert_eq!(err.code(), ErrorCode::ResourceExhausted);
+    assert_eq!(world.ledger("small").await, vec![first.env.id]);
+    let data = world
+        .config_maps()
+        .get(LEDGER_CONFIGMAP_NAME)
+        .await
+        .expect("ledger")
+        .data
+        .unwrap_or_default();
+    assert!(
+        !data.contains_key(&ledger_key("small")),
+        "the old entry is gone"
+    );
+    assert!(data.contains_key(&ledger_slots_key("small")));
+}
+
+#[tokio::test]
+async fn a_sharded_template_migrates_every_listed_name_into_its_shards() {
+    let world = World::new().await;
+    let names: Vec<String> = (0..40).map(|i| format!("exec-legacy-{i:02}")).collect();
+    let mut map = world
+        .config_maps()
+        .get(LEDGER_CONFIGMAP_NAME)
+        .await
+        .expect("ledger");
+    map.data = Some([(ledger_key("vast"), serde_json::to_string(&names).unwrap())].into());
+    world
+        .config_maps()
+        .replace(LEDGER_CONFIGMAP_NAME, &Default::default(), &map)
+        .await
+        .expect("legacy");
+    let a = world
+        .store()
+        .ensure_template(&ensure_request(
+            &world, CLIENT, "alice", "b1", "vast", "op-1",
+        ))
+        .await
+        .expect("ensure");
+    let mut expected = names.clone();
+    expected.push(a.env.id);
+    expected.sort();
+    assert_eq!(world.ledger("vast").await, expected);
+    let slots = world.ledger_slots("vast").await;
+    assert!(
+        names.iter().all(|n| slots[n] == 0),
+        "migrated names are held"
+    );
+    let mut used = std::collections::BTreeSet::new();
+    for index in 0..LEDGER_SHARDS {
+        let map = world
+            .config_maps()
+            .get(&ledger_shard_name(index))
+            .await
+            .expect("shard");
+        let data = map.data.unwrap_or_default();
+        assert!(!data.contains_key(&ledger_key("vast")));
+        if data.contains_key(&ledger_slots_key("vast")) {
+            used.insert(index);
+        }
+    }
+    assert!(used.len() > 8, "spread over the shards: {used:?}");
 }
 
 #[tokio::test]
@@ -138,9 +203,9 @@ async fn a_binding_won_by_another_template_releases_the_losing_reservation() {
         let map = ledger.get(LEDGER_CONFIGMAP_NAME).await.expect("ledger");
         let entry = map
             .data
-            .and_then(|d| d.get(&ledger_key("pair")).cloned())
+            .and_then(|d| d.get(&ledger_slots_key("pair")).cloned())
             .unwrap_or_default();
-        *seen.lock().expect("seen") = Some(entry.contains(&expected));
+        *seen.lock().expect("seen") = Some(entry.contains(&format!("\"{expected}\"")));
         peer.ensure_template(&winner).await.expect("winner");
     });
     let err = store
@@ -195,8 +260,16 @@ async fn a_corrupt_ledger_entry_fails_closed() {
         .get(LEDGER_CONFIGMAP_NAME)
         .await
         .expect("ledger");
-    let key = execution_provider::kube::crd::ledger_key("roomy");
-    map.data = Some([(key, "{\"not\":\"an array\"}".to_owned())].into());
+    map.data = Some(
+        [
+            (ledger_key("roomy"), "{\"not\":\"an array\"}".to_owned()),
+            (
+                ledger_slots_key("pair"),
+                r#"{"slots":[["a",0],["a",1]]}"#.to_owned(),
+            ),
+        ]
+        .into(),
+    );
     world
         .config_maps()
         .replace(LEDGER_CONFIGMAP_NAME, &Default::default(), &map)
@@ -210,6 +283,14 @@ async fn a_corrupt_ledger_entry_fails_closed() {
         .await
         .expect_err("corrupt");
     assert_eq!(err.code(), ErrorCode::NotReady);
+    let err = world
+        .store()
+        .ensure_template(&ensure_request(
+            &world, CLIENT, "alice", "b2", "pair", "op-2",
+        ))
+        .await
+        .expect_err("corrupt shard entry");
+    assert_eq!(err.code(), ErrorCode::NotReady);
     assert!(world.names().await.is_empty());
 }
 
@@ -219,8 +300,8 @@ async fn concurrent_reservations_enforce_the_hard_limit() {
     let (s1, s2) = (world.store(), world.store());
     let r1 = ensure_request(&world, CLIENT, "alice", "b1", "small", "op-1");
     let r2 = ensure_request(&world, CLIENT, "bob", "b2", "small", "op-2");
-    // Interleaved: the first reservation has read the ledger and counted the live
-    // environments; just before its write lands, the second allocation takes the last slot.
+    // Interleaved: the first reservation has read its ledger shard; just before its write
+    // lands, the second allocation takes the last slot.
     world.before_write("/configmaps/", move || async move {
         s2.ensure_template(&r2)
             .await

@@ -34,7 +34,15 @@ async fn each_uncontended_operation_costs_what_the_documentation_says() {
     assert_eq!(
         take(&world),
         (5, 3),
-        "ensure (new): env, ledger, list, init, final reads"
+        "ensure (new, first of its template on this replica): env, ledger root (no entry \
+         of the format before sharding), ledger home shard, init, final reads"
+    );
+    let second = ensure_request(&world, CLIENT, "alice", "b-second", "roomy", "op-e2");
+    store.ensure_template(&second).await.expect("second");
+    assert_eq!(
+        take(&world),
+        (4, 3),
+        "ensure (new): env, ledger home shard, init, final reads; no list"
     );
     store.ensure_template(&req).await.expect("replay");
     assert_eq!(take(&world), (3, 0), "ensure (replay)");

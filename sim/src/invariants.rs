@@ -13,6 +13,7 @@ use crate::writes::Written;
 mod environment;
 mod history;
 mod runtime;
+pub(crate) use runtime::ledger_entries;
 
 pub use history::{Acknowledged, History, Revoked};
 

@@ -261,12 +261,14 @@ impl Driver<'_> {
             self.trace
                 .record_at(ms, "script", snapshot_line(&environment));
         }
-        let ledger = self.api.objects_of_kind("ConfigMap").into_iter().find(|c| {
-            c["metadata"]["name"] == execution_provider::kube::crd::LEDGER_CONFIGMAP_NAME
-        });
-        if let Some(data) = ledger.as_ref().and_then(|c| c["data"].as_object()) {
-            for (key, names) in data {
-                let names = names.as_str().unwrap_or_default();
+        let prefix = execution_provider::kube::crd::LEDGER_CONFIGMAP_NAME;
+        for map in self.api.objects_of_kind("ConfigMap") {
+            let name = map["metadata"]["name"].as_str().unwrap_or_default();
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            for (key, names) in crate::invariants::ledger_entries(&map) {
+                let names = serde_json::to_string(&names).unwrap_or_default();
                 self.trace
                     .record_at(ms, "script", format!("snapshot ledger {key}={names}"));
             }

@@ -252,6 +252,43 @@ fn a_ledger_over_the_limit_or_a_create_before_its_slot_is_reported() {
     assert!(violations(&[write(ledger(&["exec-a"])), create]).is_empty());
 }
 
+/// Ledger shard `index` holding `names` for template `default` in the sharded format.
+fn shard(index: usize, names: &[&str]) -> Value {
+    let key = execution_provider::kube::crd::ledger_slots_key("default");
+    let slots: Vec<(String, u64)> = names.iter().map(|n| ((*n).to_owned(), 0)).collect();
+    json!({"kind": "ConfigMap", "metadata": {
+        "name": execution_provider::kube::crd::ledger_shard_name(index), "resourceVersion": "1"},
+        "data": {key: json!({"slots": slots}).to_string()}})
+}
+
+#[test]
+fn the_sharded_ledger_counts_over_every_shard_and_a_late_landed_create_needs_no_slot() {
+    let write = |object: Value| Written {
+        method: "PUT".into(),
+        path: "/cm".into(),
+        object,
+    };
+    assert!(violations(&[write(shard(0, &["exec-a"])), write(shard(3, &["exec-b"]))]).is_empty());
+    let found = violations(&[
+        write(shard(0, &["exec-a"])),
+        write(shard(3, &["exec-b", "exec-c"])),
+    ]);
+    assert!(found.iter().any(|v| v.contains("§10.21")), "{found:?}");
+    let mut create = Written {
+        method: "POST".into(),
+        ..env(2, status(1, 1))
+    };
+    let found = violations(&[write(shard(3, &["exec-b"])), create.clone()]);
+    assert!(found.iter().any(|v| v.contains("§10.21")), "{found:?}");
+    assert!(violations(&[write(shard(3, &["exec-a"])), create.clone()]).is_empty());
+    create.object["spec"]["createDeadline"] = json!("2026-12-01T00:00:00Z");
+    create.object["metadata"]["creationTimestamp"] = json!("2026-12-01T00:00:01Z");
+    assert!(
+        violations(&[write(shard(3, &["exec-b"])), create]).is_empty(),
+        "a create landed after its deadline is void"
+    );
+}
+
 #[test]
 fn live_environments_beyond_the_limit_are_reported() {
     let live = |name: &str| json!({"metadata": {"name": name}, "spec": spec(name)});

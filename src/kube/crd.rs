@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 pub use names::{
     ENVIRONMENT_NAME_PREFIX, MAX_OBJECT_NAME_BYTES, POD_NAME_PREFIX, PVC_NAME_PREFIX, ledger_key,
-    pod_name, pvc_name, template_label,
+    ledger_slots_key, pod_name, pvc_name, template_label,
 };
 pub use status::{
     ActiveOperation, ActiveRun, ConditionStatus, EnvironmentCondition, ExecutionEnvironmentStatus,
@@ -55,8 +55,23 @@ pub const LABEL_REVISION: &str = "execution.mecatl.dev/revision";
 /// PVC label carrying the environment's `metadata.uid`.
 pub const LABEL_ALLOCATION_UID: &str = "execution.mecatl.dev/allocation-uid";
 
-/// The capacity-ledger ConfigMap (fixed name, created by the chart or by `dev`).
+/// The capacity-ledger ConfigMap (fixed name, created by the chart or by `dev`); also shard 0
+/// of the sharded ledger ([`ledger_shard_name`]).
 pub const LEDGER_CONFIGMAP_NAME: &str = "mecatl-execution-profile-allocations";
+
+/// How many ConfigMaps the capacity ledger spans: the root [`LEDGER_CONFIGMAP_NAME`] (shard 0)
+/// and `LEDGER_CONFIGMAP_NAME-1` … `-15`, all created by the chart or by `dev`.
+pub const LEDGER_SHARDS: usize = 16;
+
+/// The name of ledger shard `index` (0 is the root ConfigMap).
+#[must_use]
+pub fn ledger_shard_name(index: usize) -> String {
+    if index == 0 {
+        LEDGER_CONFIGMAP_NAME.to_owned()
+    } else {
+        format!("{LEDGER_CONFIGMAP_NAME}-{index}")
+    }
+}
 
 /// Helm keeps the CRD (and so every environment) when the release is uninstalled.
 pub const HELM_RESOURCE_POLICY_ANNOTATION: &str = "helm.sh/resource-policy";
@@ -150,6 +165,7 @@ fn immutable(field: &str, message: &str) -> Rule {
 #[x_kube(validation = immutable("storageClass", "storageClass is immutable"))]
 #[x_kube(validation = immutable("storageSize", "storageSize is immutable"))]
 #[x_kube(validation = immutable("resources", "resources are immutable"))]
+#[x_kube(validation = immutable("createDeadline", "createDeadline is immutable"))]
 #[serde(rename_all = "camelCase")]
 pub struct ExecutionEnvironmentSpec {
     /// Data-model version; only 2 is served.
@@ -209,6 +225,12 @@ pub struct ExecutionEnvironmentSpec {
     pub resources: ExecutorResources,
     /// What the environment should be.
     pub desired: Desired,
+    /// The instant after which this create is void (docs/store.md, "The capacity ledger"):
+    /// an object whose `metadata.creationTimestamp` is later than this landed late, after its
+    /// capacity slot may have been reclaimed; it is never served and the reconciler removes
+    /// it. Absent on environments created before the field existed (never void).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_deadline: Option<RfcTime>,
 }
 
 /// The CRD as YAML, as shipped in the Helm chart's `crds/` folder.

@@ -1,5 +1,5 @@
 //! What a cluster operator (or the Helm chart) provides before the provider starts, for the
-//! embedded worlds that have no operator: the capacity-ledger ConfigMap (DECISIONS 16) and the
+//! embedded worlds that have no operator: the capacity-ledger ConfigMaps (DECISIONS 16) and the
 //! RuntimeClasses and StorageClasses the templates name. Idempotent, so a restarted world can
 //! seed again.
 
@@ -8,10 +8,10 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use crate::kube::crd::LEDGER_CONFIGMAP_NAME;
+use crate::kube::crd::{LEDGER_SHARDS, ledger_shard_name};
 use crate::templates::TemplateRegistry;
 
-/// Creates the ledger in `namespace` and every class `templates` names; StorageClasses get
+/// Creates the ledger shards in `namespace` and every class `templates` names; StorageClasses get
 /// `provisioner`. Objects that already exist are left as they are.
 pub async fn seed_cluster(
     kube: &kube::Client,
@@ -19,15 +19,17 @@ pub async fn seed_cluster(
     templates: &TemplateRegistry,
     provisioner: &str,
 ) -> Result<(), kube::Error> {
-    let ledger = ConfigMap {
-        metadata: meta(LEDGER_CONFIGMAP_NAME),
-        ..ConfigMap::default()
-    };
-    create_if_absent(
-        &Api::<ConfigMap>::namespaced(kube.clone(), namespace),
-        &ledger,
-    )
-    .await?;
+    for index in 0..LEDGER_SHARDS {
+        let ledger = ConfigMap {
+            metadata: meta(&ledger_shard_name(index)),
+            ..ConfigMap::default()
+        };
+        create_if_absent(
+            &Api::<ConfigMap>::namespaced(kube.clone(), namespace),
+            &ledger,
+        )
+        .await?;
+    }
     let resources = templates.cluster_resources();
     for name in &resources.runtime_classes {
         let class = RuntimeClass {

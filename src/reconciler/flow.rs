@@ -7,6 +7,7 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
 use super::error::ReconcileError;
+use super::late::remove_landed_late;
 use super::lifecycle::reconcile_lifecycle;
 use super::pod::{ensure_pod, pod_ready, pod_terminal};
 use super::pvc::ensure_pvc;
@@ -19,6 +20,7 @@ use crate::kube::crd::{
 };
 use crate::metrics::FenceReason;
 use crate::store::cas;
+use crate::store::ledger::landed_late;
 
 use condition::reason;
 
@@ -37,6 +39,9 @@ async fn reconcile_env(
     ctx: &Context,
     env: &ExecutionEnvironment,
 ) -> Result<Next, ReconcileError> {
+    if landed_late(env) {
+        return remove_landed_late(envs, env).await;
+    }
     let revision = ctx
         .templates
         .for_environment(

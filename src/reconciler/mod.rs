@@ -15,6 +15,7 @@ pub mod conditions;
 pub mod enqueue;
 pub mod error;
 mod flow;
+mod late;
 mod ledger;
 mod lifecycle;
 mod phases;
@@ -41,7 +42,7 @@ use tokio::sync::OnceCell;
 
 pub use error::{InitError, ReconcileError};
 
-use crate::kube::crd::{ExecutionEnvironment, LABEL_ENVIRONMENT, LEDGER_CONFIGMAP_NAME};
+use crate::kube::crd::{ExecutionEnvironment, LABEL_ENVIRONMENT, LEDGER_SHARDS, ledger_shard_name};
 use crate::metrics::{LifecycleMetrics, ReconcileMetrics};
 use crate::runtime::Runtime;
 use crate::templates::TemplateRegistry;
@@ -173,15 +174,23 @@ impl Reconciler {
                     self.ctx.client.clone(),
                     &self.ctx.config.namespace,
                 );
-                match ledgers.get_opt(LEDGER_CONFIGMAP_NAME).await {
-                    Ok(Some(_)) => Ok(()),
-                    Ok(None) => Err(InitError::Ledger(format!(
-                        "capacity ledger ConfigMap {LEDGER_CONFIGMAP_NAME:?} is missing (the Helm chart creates it)"
-                    ))),
-                    Err(e) => Err(InitError::Ledger(format!(
-                        "capacity ledger ConfigMap {LEDGER_CONFIGMAP_NAME:?} unavailable: {e}"
-                    ))),
+                for index in 0..LEDGER_SHARDS {
+                    let name = ledger_shard_name(index);
+                    match ledgers.get_opt(&name).await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => {
+                            return Err(InitError::Ledger(format!(
+                                "capacity ledger ConfigMap {name:?} is missing (the Helm chart creates it)"
+                            )));
+                        }
+                        Err(e) => {
+                            return Err(InitError::Ledger(format!(
+                                "capacity ledger ConfigMap {name:?} unavailable: {e}"
+                            )));
+                        }
+                    }
                 }
+                Ok(())
             })
             .await
             .clone()

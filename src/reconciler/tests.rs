@@ -44,6 +44,7 @@ fn environment(revision: &TemplateRevision) -> ExecutionEnvironment {
             storage_size: spec.storage_size().as_str().to_owned(),
             resources: ExecutorResources::default(),
             desired: crate::kube::crd::Desired::Active,
+            create_deadline: None,
         },
     );
     env.metadata = ObjectMeta {

@@ -5,6 +5,7 @@ use kube::api::PostParams;
 use kube::core::ObjectMeta;
 
 use super::cas::{self, Decision};
+use super::ledger::{Reservation, create_deadline, landed_late};
 use super::naming::{allocation_name, client_hash, fingerprint};
 use super::predicates::{self, creator_matches, healthy, ready, schema_current};
 use super::{Allocation, Caller, Store, StoreError};
@@ -58,6 +59,7 @@ impl Store {
             Some(existing) => existing,
             None => self.create_environment(&name, req).await?,
         };
+        refuse_landed_late(&object)?;
         check_identity(&object, req)?;
         if !predicates::template_retained(&object, &self.templates) {
             return Err(StoreError::not_found(&name, "template not found"));
@@ -92,6 +94,8 @@ impl Store {
             .select_revision(&req.template_id, &req.template_revision)
             .map_err(|_| StoreError::not_found(name, "template revision not selectable"))?;
         let spec = revision.execution();
+        let now = self.now();
+        let deadline = create_deadline(now);
         let object = ExecutionEnvironment {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
@@ -122,11 +126,22 @@ impl Store {
                     memory_limit: spec.memory_limit().as_str().to_owned(),
                 },
                 desired: Desired::Active,
+                create_deadline: Some(RfcTime::from_system_time(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(deadline),
+                )),
             },
             status: None,
         };
         let limit = self.templates.capacity(&req.template_id).unwrap_or(0);
-        self.ledger.reserve(&req.template_id, name, limit).await?;
+        self.ledger
+            .reserve(&Reservation {
+                template_id: &req.template_id,
+                name,
+                limit,
+                deadline,
+                now,
+            })
+            .await?;
         let winner = match self.api.create(&PostParams::default(), &object).await {
             Ok(created) => created,
             Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -182,6 +197,7 @@ impl Store {
     async fn initialize_status(&self, name: &str, req: &EnsureRequest) -> Result<(), StoreError> {
         let now = RfcTime::from_system_time(self.now());
         cas::update_status(&self.api, name, |o| {
+            refuse_landed_late(o)?;
             check_identity(o, req)?;
             let status = o.status.get_or_insert_with(Default::default);
             if status.epoch.unwrap_or(0) > 0 {
@@ -211,6 +227,19 @@ impl Store {
 /// Forbidden, MethodNotSupported, RequestEntityTooLarge, Invalid.
 fn is_definitive(code: u16) -> bool {
     matches!(code, 400 | 401 | 403 | 405 | 413 | 422)
+}
+
+/// An object that landed after its create deadline is void (its slot may have been
+/// reclaimed): it is never initialized or served, and the reconciler removes it.
+fn refuse_landed_late(o: &ExecutionEnvironment) -> Result<(), StoreError> {
+    if landed_late(o) {
+        return Err(StoreError::NotReady {
+            env: o.metadata.name.clone().unwrap_or_default(),
+            reason: "an allocation attempt landed after its deadline and is being removed",
+            retryable: true,
+        });
+    }
+    Ok(())
 }
 
 /// The stored identity must be exactly the request's.

@@ -37,6 +37,7 @@ fn environment(name: &str) -> ExecutionEnvironment {
             memory_limit: "512Mi".to_owned(),
         },
         desired: Desired::Active,
+        create_deadline: None,
     };
     ExecutionEnvironment::new(name, spec)
 }

@@ -52,6 +52,7 @@ fn spec(name: &str) -> ExecutionEnvironmentSpec {
             memory_limit: "512Mi".to_owned(),
         },
         desired: Desired::Active,
+        create_deadline: None,
     }
 }
 

@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use execution_provider::kube::apiserver::ApiServer;
 use execution_provider::kube::crd::{
     ConditionStatus, Desired, EnvironmentCondition, ExecutionEnvironment, ExecutionEnvironmentSpec,
-    ExecutorResources, LEDGER_CONFIGMAP_NAME, SCHEMA_VERSION, condition, ledger_key, pod_name,
-    pvc_name,
+    ExecutorResources, LEDGER_SHARDS, SCHEMA_VERSION, condition, ledger_key, ledger_shard_name,
+    pod_name, pvc_name,
 };
 use execution_provider::reconciler::{DEFAULT_CACHE_SYNC_DEADLINE, Reconciler, ReconcilerConfig};
 use execution_provider::runtime::{Runtime, SeededIds, clock::OffsetClock};
@@ -152,35 +152,36 @@ impl World {
             .unwrap();
     }
 
-    /// The ledger with `names` reserved for [`TEMPLATE`].
+    /// The ledger with `names` reserved for [`TEMPLATE`], in the format before sharding (one
+    /// JSON array in the root ConfigMap), and the empty shards beside it.
     pub async fn add_ledger(&self, names: &[&str]) {
         let data = BTreeMap::from([(ledger_key(TEMPLATE), serde_json::to_string(names).unwrap())]);
-        let map = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(LEDGER_CONFIGMAP_NAME.to_owned()),
-                ..ObjectMeta::default()
-            },
-            data: Some(data),
-            ..ConfigMap::default()
-        };
-        Api::<ConfigMap>::namespaced(self.client.clone(), NAMESPACE)
-            .create(&PostParams::default(), &map)
-            .await
-            .unwrap();
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), NAMESPACE);
+        for index in 0..LEDGER_SHARDS {
+            let map = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(ledger_shard_name(index)),
+                    ..ObjectMeta::default()
+                },
+                data: (index == 0).then(|| data.clone()),
+                ..ConfigMap::default()
+            };
+            api.create(&PostParams::default(), &map).await.unwrap();
+        }
     }
 
+    /// Every name holding a slot of [`TEMPLATE`], in any format and shard.
     pub async fn ledger_names(&self) -> Vec<String> {
-        let map = Api::<ConfigMap>::namespaced(self.client.clone(), NAMESPACE)
-            .get(LEDGER_CONFIGMAP_NAME)
+        let ledger = execution_provider::store::ledger::Ledger::new(
+            Api::namespaced(self.client.clone(), NAMESPACE),
+            Api::namespaced(self.client.clone(), NAMESPACE),
+        );
+        ledger
+            .entries(TEMPLATE)
             .await
-            .unwrap();
-        let text = map
-            .data
-            .unwrap_or_default()
-            .get(&ledger_key(TEMPLATE))
-            .cloned()
-            .unwrap_or_default();
-        serde_json::from_str(&text).unwrap_or_default()
+            .unwrap()
+            .into_iter()
+            .collect()
     }
 
     pub fn reconciler(&self, templates: &TemplateRegistry, account: &str) -> Arc<Reconciler> {
@@ -264,6 +265,25 @@ impl World {
         digest: &str,
         image: &str,
     ) -> ExecutionEnvironment {
+        self.create_uninitialized(revision, digest, image, None)
+            .await;
+        self.edit_status(|s| {
+            s.schema_version = Some(SCHEMA_VERSION);
+            s.epoch = Some(1);
+            s.grant_generation = Some(1);
+        })
+        .await
+    }
+
+    /// Creates the environment as the store's create does, before its status is initialized,
+    /// with `create_deadline` in its spec.
+    pub async fn create_uninitialized(
+        &self,
+        revision: &str,
+        digest: &str,
+        image: &str,
+        create_deadline: Option<execution_provider::kube::crd::RfcTime>,
+    ) -> ExecutionEnvironment {
         let hex = "0".repeat(64);
         let object = ExecutionEnvironment {
             metadata: ObjectMeta {
@@ -295,19 +315,14 @@ impl World {
                     memory_limit: "512Mi".to_owned(),
                 },
                 desired: Desired::Active,
+                create_deadline,
             },
             status: None,
         };
         self.envs()
             .create(&PostParams::default(), &object)
             .await
-            .unwrap();
-        self.edit_status(|s| {
-            s.schema_version = Some(SCHEMA_VERSION);
-            s.epoch = Some(1);
-            s.grant_generation = Some(1);
-        })
-        .await
+            .unwrap()
     }
 
     /// Changes the status directly (playing the store's part).

@@ -16,8 +16,8 @@ use bytes::Bytes;
 use execution_provider::executor::protocol::{ExecutorRequest, Operation};
 use execution_provider::kube::apiserver::{ApiServer, ResponseBody};
 use execution_provider::kube::crd::{
-    ConditionStatus, EnvironmentCondition, ExecutionEnvironment, LEDGER_CONFIGMAP_NAME,
-    ObjectIdentity, RfcTime,
+    ConditionStatus, EnvironmentCondition, ExecutionEnvironment, LEDGER_SHARDS, ObjectIdentity,
+    RfcTime, ledger_shard_name, ledger_slots_key,
 };
 use execution_provider::reconciler::status::fence_expired;
 use execution_provider::reconciler::{
@@ -26,6 +26,7 @@ use execution_provider::reconciler::{
 use execution_provider::runtime::{Runtime, SeededIds, clock::OffsetClock};
 use execution_provider::store::claims::AcquireRequest;
 use execution_provider::store::ensure::EnsureRequest;
+use execution_provider::store::ledger::{Ledger, ShardEntry};
 use execution_provider::store::naming::owner_hash;
 use execution_provider::store::{Caller, Store};
 use execution_provider::store::{ClaimContext, EnvRef};
@@ -55,6 +56,9 @@ pub enum Fault {
     /// The request is applied, then its answer is lost (the ambiguous case a caller cannot
     /// tell from [`Fault::Transport`]).
     LostAnswer,
+    /// The request never gets an answer and is held back: [`World::deliver_delayed`] applies
+    /// it later (an API server that applies a delayed request).
+    Delayed,
     /// The API server answers with this status; nothing is applied.
     Status(u16),
     /// The API server answers with this status, Kubernetes reason and message; nothing is
@@ -88,6 +92,8 @@ pub struct Faults {
     /// filter).
     pub fail_write: Option<(usize, Fault, &'static str)>,
     filtered_writes: usize,
+    /// Requests held back by [`Fault::Delayed`], in arrival order.
+    pub delayed: Vec<(http::request::Parts, Bytes)>,
 }
 
 impl Faults {
@@ -175,12 +181,19 @@ where
             (fault, peer)
         };
         let mut inner = self.inner.clone();
+        let faults = self.faults.clone();
         Box::pin(async move {
             if let Some(peer) = peer {
                 peer().await;
             }
             match fault {
                 Some(Fault::Transport) => Err::<_, BoxError>("injected transport failure".into()),
+                Some(Fault::Delayed) => {
+                    let (parts, body) = request.into_parts();
+                    let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
+                    faults.lock().expect("faults").delayed.push((parts, bytes));
+                    Err("injected delay: the request is held back".into())
+                }
                 Some(Fault::Status(code)) => Ok(status_response(code)),
                 Some(Fault::StatusWith(code, reason, message)) => {
                     Ok(status_response_with(code, reason, message))
@@ -261,7 +274,7 @@ pub fn revision_of(registry: &TemplateRegistry, id: &str) -> String {
 }
 
 /// Templates: `roomy` (limit 100), `small` (two revisions, limits 1 and 2: capacity 1),
-/// `pair` (limit 2) and `other` (limit 100).
+/// `pair` (limit 2), `other` (limit 100) and `vast` (limit 1,040: the sharded ledger).
 fn registry_json() -> String {
     let one = |limit: i64, byte: char| {
         let e = execution(limit, byte);
@@ -279,6 +292,7 @@ fn registry_json() -> String {
         "small": {"default": kb, "revisions": {ka: {"execution": small_a}, kb: {"execution": small_b}}},
         "pair": one(2, 'd').1,
         "other": one(100, 'e').1,
+        "vast": one(1_040, '1').1,
     }});
     file.to_string()
 }
@@ -419,32 +433,80 @@ impl World {
         Api::namespaced(self.server.client(NAMESPACE), NAMESPACE)
     }
 
-    pub async fn create_ledger(&self) {
-        let map = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(LEDGER_CONFIGMAP_NAME.to_owned()),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        };
-        self.config_maps()
-            .create(&PostParams::default(), &map)
-            .await
-            .expect("create ledger");
+    /// Applies every request held back by [`Fault::Delayed`] now, directly on the API server;
+    /// the HTTP status of each.
+    pub async fn deliver_delayed(&self) -> Vec<u16> {
+        let held = std::mem::take(&mut self.faults.lock().expect("faults").delayed);
+        let mut statuses = Vec::new();
+        for (parts, bytes) in held {
+            let request = Request::from_parts(parts, http_body_util::Full::new(bytes));
+            let mut inner = self.server.clone();
+            let response = tower::Service::call(&mut inner, request)
+                .await
+                .unwrap_or_else(|e: Infallible| match e {});
+            statuses.push(response.status().as_u16());
+        }
+        statuses
     }
 
-    /// The raw ledger entry of `template_id`.
+    /// Creates every capacity-ledger shard, empty (what the chart and `dev` provide).
+    pub async fn create_ledger(&self) {
+        for index in 0..LEDGER_SHARDS {
+            let map = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(ledger_shard_name(index)),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            };
+            self.config_maps()
+                .create(&PostParams::default(), &map)
+                .await
+                .expect("create ledger");
+        }
+    }
+
+    /// The names holding a slot of `template_id`, sorted (every shard, every format).
     pub async fn ledger(&self, template_id: &str) -> Vec<String> {
-        let map = self
-            .config_maps()
-            .get(LEDGER_CONFIGMAP_NAME)
+        self.ledger_view()
+            .entries(template_id)
             .await
-            .expect("ledger");
-        let key = execution_provider::kube::crd::ledger_key(template_id);
-        map.data
-            .and_then(|d| d.get(&key).cloned())
-            .map(|v| serde_json::from_str(&v).expect("entry"))
-            .unwrap_or_default()
+            .expect("ledger")
+            .into_iter()
+            .collect()
+    }
+
+    /// The ledger through the fault layer (its requests are counted).
+    pub fn ledger_through_faults(&self) -> Ledger {
+        Ledger::new(
+            Api::namespaced(self.client(), NAMESPACE),
+            Api::namespaced(self.client(), NAMESPACE),
+        )
+    }
+
+    /// The ledger read directly (not through the fault layer).
+    pub fn ledger_view(&self) -> Ledger {
+        Ledger::new(self.config_maps(), self.environments())
+    }
+
+    /// `template_id`'s slots with their recorded create deadlines (every shard).
+    pub async fn ledger_slots(&self, template_id: &str) -> BTreeMap<String, u64> {
+        let mut slots = BTreeMap::new();
+        for index in 0..LEDGER_SHARDS {
+            let Some(map) = self
+                .config_maps()
+                .get_opt(&ledger_shard_name(index))
+                .await
+                .expect("get")
+            else {
+                continue;
+            };
+            let key = ledger_slots_key(template_id);
+            let text = map.data.and_then(|d| d.get(&key).cloned());
+            let entry = ShardEntry::decode(text.as_deref()).expect("entry");
+            slots.extend(entry.slots);
+        }
+        slots
     }
 
     pub async fn get(&self, name: &str) -> ExecutionEnvironment {

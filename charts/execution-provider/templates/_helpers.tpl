@@ -26,6 +26,16 @@
 {{/* The fixed capacity-ledger ConfigMap (DECISIONS 16: created here, never by the provider). */}}
 {{- define "ep.ledgerName" -}}mecatl-execution-profile-allocations{{- end -}}
 
+{{/* The capacity ledger's shards beside the root (shard 0): `<ledger>-1` … `-15`, comma separated. */}}
+{{- define "ep.ledgerShardNames" -}}
+{{- $root := include "ep.ledgerName" . -}}
+{{- $names := list -}}
+{{- range $index := untilStep 1 16 1 -}}
+{{- $names = append $names (printf "%s-%d" $root $index) -}}
+{{- end -}}
+{{- join ", " $names -}}
+{{- end -}}
+
 {{- define "ep.authorityName" -}}{{ include "ep.fullname" . }}-security-authority{{- end -}}
 
 {{- define "ep.labels" -}}

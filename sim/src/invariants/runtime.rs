@@ -8,9 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use execution_provider::kube::crd::{
     EXECUTOR_FINALIZER, ExecutionEnvironmentStatus, LABEL_ENVIRONMENT, LEDGER_CONFIGMAP_NAME,
-    LifecyclePhase, LifecycleType, ledger_key,
+    LEDGER_SHARDS, LifecyclePhase, LifecycleType, ledger_key, ledger_shard_name,
 };
 use execution_provider::security::manager::DEFAULT_AUTHORITY_CONFIGMAP;
+use execution_provider::store::ledger::ShardEntry;
 use serde_json::Value;
 
 use super::environment::Seen;
@@ -20,8 +21,8 @@ use super::environment::Seen;
 pub(super) struct Runtime {
     /// Capacity limit by ledger key, and the template id of that key.
     limits: BTreeMap<String, (String, u32)>,
-    /// The ledger as last written.
-    ledger: BTreeMap<String, BTreeSet<String>>,
+    /// Each ledger ConfigMap (root and shards) as last written, by name.
+    ledger: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
     /// Whether each Pod (by UID) last carried the termination finalizer.
     pod_finalizer: BTreeMap<String, bool>,
     /// The security authority ledger as last written: generation and digest.
@@ -39,19 +40,73 @@ fn str_at<'a>(object: &'a Value, pointer: &str) -> &'a str {
         .unwrap_or_default()
 }
 
-fn ledger_entries(configmap: &Value) -> BTreeMap<String, BTreeSet<String>> {
+/// Whether `name` is one of the capacity ledger's ConfigMaps (the root or a shard).
+fn is_ledger(name: &str) -> bool {
+    name == LEDGER_CONFIGMAP_NAME
+        || (1..LEDGER_SHARDS).any(|index| name == ledger_shard_name(index))
+}
+
+/// The names holding a slot, by template key (the `.json` key of [`ledger_key`]), in one
+/// ledger ConfigMap: arrays of the format before sharding and the slots of shard entries
+/// (not their overflow marks). Unreadable entries hold nothing.
+pub(crate) fn ledger_entries(configmap: &Value) -> BTreeMap<String, BTreeSet<String>> {
     let Some(data) = configmap.get("data").and_then(|d| d.as_object()) else {
         return BTreeMap::new();
     };
-    data.iter()
-        .map(|(key, text)| {
-            let names = text
-                .as_str()
-                .and_then(|t| serde_json::from_str::<Vec<String>>(t).ok())
-                .unwrap_or_default();
-            (key.clone(), names.into_iter().collect())
-        })
-        .collect()
+    let mut entries: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (key, text) in data {
+        let text = text.as_str();
+        let (key, names): (String, BTreeSet<String>) = match key.strip_suffix(".slots") {
+            Some(stem) => (
+                format!("{stem}.json"),
+                ShardEntry::decode(text)
+                    .map(|e| e.slots.into_keys().collect())
+                    .unwrap_or_default(),
+            ),
+            None => (
+                key.clone(),
+                text.and_then(|t| serde_json::from_str::<Vec<String>>(t).ok())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+            ),
+        };
+        entries.entry(key).or_default().extend(names);
+    }
+    entries
+}
+
+/// The union of the entries of several ledger ConfigMaps.
+fn union<'a>(
+    maps: impl IntoIterator<Item = &'a BTreeMap<String, BTreeSet<String>>>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut all: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for map in maps {
+        for (key, names) in map {
+            all.entry(key.clone())
+                .or_default()
+                .extend(names.iter().cloned());
+        }
+    }
+    all
+}
+
+/// An environment whose create landed after its own deadline: void, it holds no slot
+/// (store `ledger::proof`).
+fn landed_late(env: &Value) -> bool {
+    let seconds = |pointer: &str| {
+        env.pointer(pointer)
+            .and_then(|t| t.as_str())
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map(|t| t.as_second())
+    };
+    match (
+        seconds("/spec/createDeadline"),
+        seconds("/metadata/creationTimestamp"),
+    ) {
+        (Some(deadline), Some(created)) => created > deadline,
+        _ => false,
+    }
 }
 
 fn condition_true(env: &Value, kind: &str) -> bool {
@@ -93,8 +148,8 @@ impl Runtime {
     /// ledger.
     pub(super) fn configmap_written(&mut self, object: &Value, found: &mut Vec<String>) {
         match str_at(object, "/metadata/name") {
-            LEDGER_CONFIGMAP_NAME => self.ledger_written(object, found),
             DEFAULT_AUTHORITY_CONFIGMAP => self.authority_written(object, found),
+            name if is_ledger(name) => self.ledger_written(object, found),
             _ => {}
         }
     }
@@ -127,8 +182,9 @@ impl Runtime {
     }
 
     fn ledger_written(&mut self, object: &Value, found: &mut Vec<String>) {
-        self.ledger = ledger_entries(object);
-        for (key, names) in &self.ledger {
+        let name = str_at(object, "/metadata/name").to_owned();
+        self.ledger.insert(name, ledger_entries(object));
+        for (key, names) in &union(self.ledger.values()) {
             if let Some((template, limit)) = self.limits.get(key)
                 && names.len() > *limit as usize
             {
@@ -140,12 +196,15 @@ impl Runtime {
         }
     }
 
-    /// A committed create of an environment: its slot must already be reserved.
+    /// A committed create of an environment: its slot must already be reserved (unless it
+    /// landed after its deadline: void, it holds nothing and is removed).
     pub(super) fn environment_created(&self, object: &Value, found: &mut Vec<String>) {
+        if landed_late(object) {
+            return;
+        }
         let name = str_at(object, "/metadata/name");
         let template = str_at(object, "/spec/templateID");
-        let reserved = self
-            .ledger
+        let reserved = union(self.ledger.values())
             .get(&ledger_key(template))
             .is_some_and(|names| names.contains(name));
         if !reserved {
@@ -220,16 +279,21 @@ impl Runtime {
     /// Checks the stored state at one instant: the ledger together with the live
     /// environments never exceeds a template's limit.
     pub(super) fn capacity(&self, envs: &[Value], configmaps: &[Value], found: &mut Vec<String>) {
-        let ledger = configmaps
+        let maps: Vec<_> = configmaps
             .iter()
-            .find(|c| str_at(c, "/metadata/name") == LEDGER_CONFIGMAP_NAME)
+            .filter(|c| is_ledger(str_at(c, "/metadata/name")))
             .map(ledger_entries)
-            .unwrap_or_default();
+            .collect();
+        let ledger = union(&maps);
         for (key, (template, limit)) in &self.limits {
             let mut counted = ledger.get(key).cloned().unwrap_or_default();
             counted.extend(
                 envs.iter()
-                    .filter(|e| str_at(e, "/spec/templateID") == template && !deallocating(e))
+                    .filter(|e| {
+                        str_at(e, "/spec/templateID") == template
+                            && !deallocating(e)
+                            && !landed_late(e)
+                    })
                     .map(|e| str_at(e, "/metadata/name").to_owned()),
             );
             if counted.len() > *limit as usize {

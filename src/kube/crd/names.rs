@@ -55,6 +55,17 @@ pub fn template_label(template_id: &str) -> String {
 /// SHA-256 of the template id + `.json`.
 #[must_use]
 pub fn ledger_key(template_id: &str) -> String {
+    format!("{}.json", ledger_key_stem(template_id))
+}
+
+/// The key of a template's slots in each capacity-ledger shard (the current format; the
+/// `.json` key of [`ledger_key`] is the format before sharding, migrated on first use).
+#[must_use]
+pub fn ledger_slots_key(template_id: &str) -> String {
+    format!("{}.slots", ledger_key_stem(template_id))
+}
+
+fn ledger_key_stem(template_id: &str) -> String {
     let digest = Sha256::digest(template_id.as_bytes());
-    format!("profile-{}.json", hex::encode(&digest[..16]))
+    format!("profile-{}", hex::encode(&digest[..16]))
 }

@@ -39,6 +39,7 @@ fn full_spec() -> ExecutionEnvironmentSpec {
             memory_limit: "1Gi".to_owned(),
         },
         desired: Desired::Active,
+        create_deadline: None,
     }
 }
 
