@@ -63,22 +63,37 @@ fn leaf(
     }
 }
 
+/// The parameters of a self-signed CA named `name` with key `tag` as its serial number.
+fn ca_params(tag: u8, name: &str) -> CertificateParams {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("empty SAN list");
+    params.serial_number = Some(SerialNumber::from(u64::from(tag)));
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+}
+
+/// A CA certificate (a valid trust anchor, so a reload accepts it) that signed no
+/// certificate of the simulation: trusting only it distrusts every client, as removing the
+/// client CA does (the same bytes every time).
+pub fn unrelated_ca() -> String {
+    let key = key(6);
+    ca_params(6, "execution-provider sim unrelated CA")
+        .self_signed(&key)
+        .expect("the unrelated CA certificate")
+        .pem()
+}
+
 impl SimPki {
     /// The PKI (the same bytes every time). `client_uri` and `partner_uri` are the URI SANs
     /// of the two admitted clients.
     pub fn new(client_uri: &str, partner_uri: &str) -> Self {
         let ca_key = key(1);
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("empty SAN list");
-        params.serial_number = Some(SerialNumber::from(1u64));
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "execution-provider sim CA");
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let params = ca_params(1, "execution-provider sim CA");
         let ca_cert = params.self_signed(&ca_key).expect("the CA certificate");
         let ca = Pem {
             cert: ca_cert.pem(),

@@ -93,8 +93,9 @@ pub enum Action {
 pub enum Change {
     /// Every client loses every execution template (a template withdrawn from the policy).
     WithdrawTemplates,
-    /// The client CA is replaced by a certificate that signed no client (CA removal: no
-    /// client certificate verifies any more, like an expired one).
+    /// The client CA is replaced by a CA certificate that signed no client (CA removal: no
+    /// client certificate verifies any more, like an expired one, while the manifest itself
+    /// stays valid, so replicas stay ready and refuse per call).
     DistrustClientCa,
     /// The clients and the client CA of the run's first manifest come back.
     Reinstate,
@@ -199,13 +200,12 @@ impl Driver<'_> {
                 }
             }
             Change::DistrustClientCa => {
-                // The server's own certificate as the only trust anchor: it signed no client.
-                let server = manifest["tls"]["certificateFile"]
-                    .as_str()
-                    .unwrap_or_default();
-                let server = std::fs::read(distrusted.with_file_name(server))
-                    .expect("the server certificate");
-                std::fs::write(&distrusted, server).expect("the distrusting CA file");
+                // A CA that signed no client as the only trust anchor. It must be a CA
+                // certificate: a leaf in the bundle fails the reload (api-security §6.2 bundle
+                // check), which makes the replica unready and refuses the TLS handshake
+                // instead of distrusting the clients.
+                std::fs::write(&distrusted, crate::pki::unrelated_ca())
+                    .expect("the distrusting CA file");
                 manifest["tls"]["clientCAFile"] = DISTRUSTED_CA_FILE.into();
             }
             Change::Reinstate => {

@@ -42,10 +42,12 @@ fn withdrawing_every_template_refuses_ensure_and_the_data_plane_until_reinstated
 
 /// The client CA removed from the manifest at a higher generation (its certificate no longer
 /// verifies, as if it had expired: OriginalPeerWithdrawal, CA removal and certificate expiry):
-/// once the replicas reloaded, every client call is refused UNAUTHENTICATED, until the CA comes back at the next
-/// generation; nothing admitted before runs twice and every environment converges.
+/// once the replicas reloaded, every client call is refused UNAUTHENTICATED (the handshake
+/// does not check the chain, each call does: api-security §2.1, §2.2 step 3), until the CA
+/// comes back at the next generation; nothing admitted before runs twice and every
+/// environment converges. The distrusting anchor is a real CA certificate: a leaf there
+/// would fail the reload's bundle check and refuse the connection instead.
 #[test]
-#[ignore = "regressed this session: after the reload checks of issue 15 item 2, a distrusted client CA is refused at the connection (the sim client records `unknown`), not with UNAUTHENTICATED per call; to be settled in issue 15"]
 fn distrusting_the_client_ca_refuses_every_call_until_the_ca_is_back() {
     use sim::script::Change;
     const DISTRUST_MS: u64 = 1_500;
