@@ -9,6 +9,7 @@ use execution_provider::kube::crd::LABEL_ENVIRONMENT;
 use execution_provider::kube::seed::seed_cluster;
 use execution_provider::templates::TemplateRegistry;
 
+use crate::invariants::Incarnation;
 use crate::world::NAMESPACE;
 
 /// Creates the cluster objects the provider expects (idempotent: the API server host may
@@ -21,6 +22,13 @@ pub async fn seed(kube: &kube::Client, templates: &TemplateRegistry) -> Result<(
         "sim.execution.mecatl.dev/memory",
     )
     .await
+}
+
+fn str_at<'a>(object: &'a serde_json::Value, pointer: &str) -> &'a str {
+    object
+        .pointer(pointer)
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
 }
 
 fn condition_true(env: &serde_json::Value, kind: &str) -> bool {
@@ -104,17 +112,19 @@ fn revoked_unconverged(
 /// (fenced, in a lifecycle operation, deleting, or created by an ensure whose answer was lost
 /// and that no client retried: the store keeps such a pending ensure, uninitialized, for the
 /// client's retry), and Pods or PVCs of missing environments. `ensured` names the
-/// environments some ensure was acknowledged for. An environment whose template revision is
+/// environment incarnations some ensure was acknowledged for (an earlier incarnation's
+/// acknowledged ensure says nothing of a later one under the same name). An environment whose template revision is
 /// revoked in `templates` (the registry the replicas run) has converged when it is
 /// Ready=False/InvalidTemplate with its executor stopped (k8s-executor §2.3).
 pub fn unconverged(
     api: &ApiServer,
-    ensured: &BTreeSet<String>,
+    ensured: &BTreeSet<Incarnation>,
     templates: &TemplateRegistry,
 ) -> Vec<String> {
     let envs = api.objects_of_kind("ExecutionEnvironment");
     let pods = api.objects_of_kind("Pod");
     let mut names = BTreeSet::new();
+    let mut uids = BTreeSet::new();
     let mut pending = Vec::new();
     for env in &envs {
         let name = env
@@ -123,6 +133,11 @@ pub fn unconverged(
             .unwrap_or_default()
             .to_owned();
         names.insert(name.clone());
+        uids.insert(str_at(env, "/metadata/uid").to_owned());
+        let incarnation = Incarnation {
+            name: name.clone(),
+            revision: str_at(env, "/spec/revision").to_owned(),
+        };
         let held = env.pointer("/status/fenceState").and_then(|f| f.as_str())
             == Some("FenceUnknown")
             || env
@@ -131,7 +146,7 @@ pub fn unconverged(
             || env.pointer("/metadata/deletionTimestamp").is_some()
             || condition_true(env, "Retired")
             || (env.pointer("/status/epoch").is_none_or(|e| e.is_null())
-                && !ensured.contains(&name));
+                && !ensured.contains(&incarnation));
         if !held && revoked(env, templates) {
             pending.extend(revoked_unconverged(env, &name, &pods));
         } else if !held && !condition_true(env, "Ready") {
@@ -151,6 +166,20 @@ pub fn unconverged(
                 && !names.contains(owner)
             {
                 pending.push(format!("orphaned {kind} of {owner}"));
+            }
+            // A Pod of an earlier incarnation outliving it, beside a later one of the same
+            // name, is orphaned too (PVCs carry no owner reference: the workspace outlives
+            // its Pods by design).
+            let owner_uid = object
+                .pointer("/metadata/ownerReferences/0/uid")
+                .and_then(|u| u.as_str());
+            if let (Some(owner), Some(uid)) = (owner, owner_uid)
+                && names.contains(owner)
+                && !uids.contains(uid)
+            {
+                pending.push(format!(
+                    "orphaned {kind} of an earlier incarnation of {owner}"
+                ));
             }
         }
     }

@@ -15,7 +15,7 @@ use crate::apifaults::ApiRates;
 use crate::authority::SecurityFiles;
 use crate::executor::MemExecutor;
 use crate::faults::FaultPlan;
-use crate::invariants::Checker;
+use crate::invariants::{Checker, Incarnation};
 use crate::node::node_host;
 use crate::trace::Trace;
 use crate::world::{API_HOST, LIVENESS_SECS, replica_host};
@@ -313,7 +313,7 @@ impl Driver<'_> {
 
     /// After healing, every environment that is not fenced and has no lifecycle operation
     /// must become Ready, and no Pod or PVC may belong to a missing environment.
-    pub(crate) fn liveness(&mut self, ensured: &Mutex<BTreeSet<String>>) -> Option<String> {
+    pub(crate) fn liveness(&mut self, ensured: &Mutex<BTreeSet<Incarnation>>) -> Option<String> {
         let deadline = self.sim.elapsed() + Duration::from_secs(LIVENESS_SECS);
         loop {
             for _ in 0..FAULT_TICK_MS {

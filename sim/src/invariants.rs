@@ -15,12 +15,15 @@ mod history;
 mod runtime;
 pub(crate) use runtime::ledger_entries;
 
-pub use history::{Acknowledged, History, Revoked};
+pub use history::{Acknowledged, History, Incarnation, Revoked};
 
 /// The invariant checker of one run.
 #[derive(Debug, Default)]
 pub struct Checker {
+    /// What was seen of each environment incarnation, by UID.
     seen: BTreeMap<String, environment::Seen>,
+    /// The UID of each incarnation clients can name (name and revision).
+    incarnations: BTreeMap<Incarnation, String>,
     runtime: runtime::Runtime,
     /// Every operation id some environment version recorded.
     written_operations: BTreeSet<String>,
@@ -91,32 +94,34 @@ impl Checker {
         };
         let name = env.metadata.name.clone().unwrap_or_default();
         let uid = env.metadata.uid.clone().unwrap_or_default();
+        let incarnation = Incarnation {
+            name: name.clone(),
+            revision: env.spec.revision.clone(),
+        };
+        self.incarnations.insert(incarnation, uid.clone());
         let Some(status) = env.status else {
             return;
         };
-        let seen = self.seen.entry(name.clone()).or_default();
-        if seen.uid != uid {
-            // A new incarnation under the same name (deleted, then ensured again) starts its
-            // version history afresh, but the claims its predecessor admitted operations under
-            // stay: calls acknowledged before the deletion are judged against them at the end.
-            let operation_claims = std::mem::take(&mut seen.operation_claims);
-            *seen = environment::Seen {
-                uid,
-                operation_claims,
-                ..environment::Seen::default()
-            };
-        }
+        // Keyed by UID: a new incarnation under the same name (deleted, then ensured again)
+        // has a version history of its own, and calls acknowledged on the old one are judged
+        // against the old one's claims at the end.
+        let seen = self.seen.entry(uid).or_default();
         let found = environment::judge(&name, &status, seen);
         self.written_operations
             .extend(environment::operation_ids(&status));
         self.violate_all(found);
     }
 
-    /// Every (claim id, epoch, grant generation) under which `environment` admitted an
-    /// operation.
-    fn admitted_under(&self, environment: &str) -> BTreeSet<(String, u64, u64)> {
+    /// The UID of the incarnation clients named, if any version of it was written.
+    fn uid_of(&self, incarnation: &Incarnation) -> Option<&str> {
+        self.incarnations.get(incarnation).map(String::as_str)
+    }
+
+    /// Every (claim id, epoch, grant generation) under which the incarnation `uid` admitted
+    /// an operation.
+    fn admitted_under(&self, uid: &str) -> BTreeSet<(String, u64, u64)> {
         self.seen
-            .get(environment)
+            .get(uid)
             .map(|s| s.operation_claims.clone())
             .unwrap_or_default()
     }

@@ -26,6 +26,7 @@ pub mod node;
 pub mod operator;
 pub mod peer;
 pub mod pki;
+pub mod replay;
 mod replica;
 pub mod scenario;
 pub mod script;

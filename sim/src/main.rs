@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use clap::Parser;
+use sim::replay::ChildRun;
 use sim::{COMMIT, Config, Scenario, replay_command};
 
 /// The deterministic simulator of execution-provider.
@@ -29,7 +30,7 @@ struct Args {
     /// Print the trace of every seed.
     #[arg(long)]
     trace: bool,
-    /// Replay every seed in two fresh processes and fail if their traces differ.
+    /// Replay every seed in two fresh processes and fail if their traces or exit codes differ.
     #[arg(long)]
     twice: bool,
 }
@@ -111,56 +112,26 @@ fn main() {
 }
 
 /// Replays `config` in two fresh processes (as the replay command would) and exits with a
-/// failure if their traces differ.
+/// failure if their outputs (every trace line and the closing line) or exit codes differ.
 fn check_replay(config: &Config) {
-    let trace = || -> String {
-        let exe = std::env::current_exe().expect("the path of this program");
-        let output = std::process::Command::new(exe)
-            .args(["--scenario", config.scenario.name()])
-            .args(["--seed", &config.seed.to_string()])
-            .args(["--replicas", &config.replicas.to_string()])
-            .args(["--duration", &config.duration_secs.to_string(), "--trace"])
-            .output()
-            .expect("this program runs again");
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .filter(|l| !l.starts_with("ok: ") && !l.starts_with("FAILED") && !l.starts_with("  "))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    let (first, second) = (trace(), trace());
-    if first != second {
-        println!(
-            "FAILED seed={} scenario={} commit={COMMIT} replay: {} --twice",
+    let exe = std::env::current_exe().expect("the path of this program");
+    let replay = || ChildRun::of(&exe, config).expect("this program runs again");
+    let (first, second) = (replay(), replay());
+    match sim::replay::compare(&first, &second) {
+        Ok(lines) => println!(
+            "twice: seed {} gave {lines} identical lines and exit code {} in two fresh processes",
             config.seed,
-            config.scenario,
-            replay_command(config)
-        );
-        println!("  the same seed gave two different traces:");
-        print_difference(&first, &second);
-        std::process::exit(1);
-    }
-}
-
-fn print_difference(first: &str, second: &str) {
-    let line = first
-        .lines()
-        .zip(second.lines())
-        .position(|(a, b)| a != b)
-        .unwrap_or_else(|| first.lines().count().min(second.lines().count()));
-    let context = |text: &str| -> Vec<String> {
-        text.lines()
-            .skip(line.saturating_sub(3))
-            .take(6)
-            .map(str::to_owned)
-            .collect()
-    };
-    println!("  first run from line {}:", line.saturating_sub(3) + 1);
-    for l in context(first) {
-        println!("    {l}");
-    }
-    println!("  second run:");
-    for l in context(second) {
-        println!("    {l}");
+            first.code.unwrap_or_default()
+        ),
+        Err(divergence) => {
+            println!(
+                "FAILED seed={} scenario={} commit={COMMIT} replay: {} --twice",
+                config.seed,
+                config.scenario,
+                replay_command(config)
+            );
+            println!("  {}", divergence.to_string().trim_end());
+            std::process::exit(1);
+        }
     }
 }

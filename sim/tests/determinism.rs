@@ -2,8 +2,10 @@
 //! command does) or run again in the same process, gives a byte-identical trace, faults
 //! included.
 
+use std::path::Path;
 use std::process::Command;
 
+use sim::replay::{ChildRun, Divergence, compare};
 use sim::{Config, Scenario};
 
 /// The trace of one seed from a fresh `sim` process.
@@ -118,4 +120,80 @@ fn different_seeds_give_different_traces() {
         .text()
     };
     assert_ne!(trace(3), trace(4));
+}
+
+/// One fresh `sim --trace` process of `seed`, as `sim --twice` runs it.
+fn replay(scenario: Scenario, seed: u64) -> ChildRun {
+    let config = Config {
+        scenario,
+        seed,
+        replicas: 3,
+        duration_secs: 6,
+    };
+    ChildRun::of(Path::new(env!("CARGO_BIN_EXE_sim")), &config).expect("the sim binary runs")
+}
+
+#[test]
+fn the_twice_comparison_fails_on_a_deliberately_different_pair_of_replays() {
+    let one = replay(Scenario::Smoke, 1);
+    let again = replay(Scenario::Smoke, 1);
+    let lines = compare(&one, &again).expect("the same seed replays identically");
+    assert!(
+        lines > 50,
+        "every trace line is compared, not just a few: {lines}"
+    );
+    // Two real replays that differ: another seed of the same scenario.
+    let other = replay(Scenario::Smoke, 2);
+    assert!(
+        matches!(compare(&one, &other), Err(Divergence::Output { .. })),
+        "seeds 1 and 2 must not compare equal"
+    );
+    // The same output with another exit code.
+    let failed = ChildRun {
+        code: Some(1),
+        ..one.clone()
+    };
+    assert!(matches!(
+        compare(&one, &failed),
+        Err(Divergence::ExitCode { .. })
+    ));
+    // One trace line changed, nothing else.
+    let mut edited: Vec<String> = one.stdout.lines().map(str::to_owned).collect();
+    edited[lines / 2].push('!');
+    let edited = ChildRun {
+        stdout: edited.join("\n"),
+        ..one.clone()
+    };
+    assert_eq!(
+        compare(&one, &edited).map_err(|d| match d {
+            Divergence::Output { line, .. } => line,
+            other => panic!("{other}"),
+        }),
+        Err(lines / 2)
+    );
+}
+
+#[test]
+fn sim_twice_compares_every_line_of_two_fresh_processes() {
+    let output = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args([
+            "--scenario",
+            "smoke",
+            "--seed",
+            "3",
+            "--duration",
+            "6",
+            "--twice",
+        ])
+        .output()
+        .expect("the sim binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let lines: usize = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("twice: seed 3 gave "))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no twice verdict in {stdout}"));
+    assert!(lines > 50, "{stdout}");
 }

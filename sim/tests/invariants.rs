@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sim::executor::MemExecutor;
-use sim::invariants::{Acknowledged, Checker, History, Revoked};
+use sim::invariants::{Acknowledged, Checker, History, Incarnation, Revoked};
 use sim::writes::Written;
 
 const T: &str = "2026-01-01T00:00:00Z";
@@ -52,6 +52,23 @@ fn env(rv: u64, status: Value) -> Written {
             "spec": spec("exec-a"), "status": status
         }),
     }
+}
+
+/// `exec-a` as clients name it, in the incarnation of this revision.
+fn incarnation(revision: &str) -> Incarnation {
+    Incarnation {
+        name: "exec-a".into(),
+        revision: revision.into(),
+    }
+}
+
+/// A version of a later incarnation of `exec-a` (deleted, then ensured again): another UID
+/// and revision under the same name.
+fn reincarnated(rv: u64, status: Value) -> Written {
+    let mut written = env(rv, status);
+    written.object["metadata"]["uid"] = json!("u2");
+    written.object["spec"]["revision"] = json!("r2");
+    written
 }
 
 fn violations(writes: &[Written]) -> Vec<String> {
@@ -191,7 +208,9 @@ fn pod(rv: u64, finalizers: Value) -> Written {
         path: "/api/v1/namespaces/execution/pods/executor-a".into(),
         object: json!({"kind": "Pod", "metadata": {"name": "executor-a", "uid": "pod-1",
             "resourceVersion": rv.to_string(), "finalizers": finalizers,
-            "labels": {"execution.mecatl.dev/environment": "exec-a"}}}),
+            "labels": {"execution.mecatl.dev/environment": "exec-a"},
+            "ownerReferences": [{"apiVersion": "execution.mecatl.dev/v1alpha1",
+                "kind": "ExecutionEnvironment", "name": "exec-a", "uid": "u1", "controller": true}]}}),
     }
 }
 
@@ -207,7 +226,24 @@ fn a_pod_finalizer_removed_before_the_termination_proof_is_reported() {
     let proof = json!({"operationID": "life-1", "podUID": "pod-1", "pvcUID": "pvc-1", "epoch": 1,
                        "podPhase": "Succeeded", "observedAt": T});
     let proven = with(status(1, 1), "terminationProof", proof);
-    assert!(violations(&[env(1, proven), pod(2, finalizer), pod(3, json!([]))]).is_empty());
+    assert!(
+        violations(&[
+            env(1, proven.clone()),
+            pod(2, finalizer.clone()),
+            pod(3, json!([]))
+        ])
+        .is_empty()
+    );
+    // The Pod is judged against its own incarnation's proof, not a later incarnation's.
+    assert!(
+        violations(&[
+            env(1, proven),
+            reincarnated(2, status(1, 1)),
+            pod(3, finalizer),
+            pod(4, json!([]))
+        ])
+        .is_empty()
+    );
 }
 
 #[test]
@@ -313,7 +349,7 @@ fn a_call_honoured_after_an_acknowledged_revocation_or_a_refused_write_is_report
     );
     let executor = MemExecutor::new(1, 0.0, Duration::from_millis(1));
     let ack = |sent_ms| Acknowledged {
-        environment: "exec-a".into(),
+        environment: incarnation("r1"),
         claim_id: "c1".into(),
         epoch: 2,
         grant_generation: 1,
@@ -321,7 +357,7 @@ fn a_call_honoured_after_an_acknowledged_revocation_or_a_refused_write_is_report
         what: "file".into(),
     };
     let revoked = vec![Revoked {
-        environment: "exec-a".into(),
+        environment: incarnation("r1"),
         grant_generation: 2,
         answered_ms: 100,
     }];
@@ -364,4 +400,80 @@ fn a_security_authority_ledger_that_moves_back_is_reported() {
     assert!(found.iter().any(|v| v.contains("rolled back")), "{found:?}");
     let found = violations(&[write(2, "b"), write(2, "c")]);
     assert!(found.iter().any(|v| v.contains("drifted")), "{found:?}");
+}
+
+/// Regression swarm 1061385739: a revocation of one incarnation (to generation 2) says nothing
+/// of a later incarnation under the same name, whose generations start at 1 again; the same
+/// call on the revoked incarnation itself is still reported.
+#[test]
+fn every_history_is_judged_within_its_own_incarnation() {
+    let op = |claim: &str| {
+        json!({"id": format!("op-{claim}"), "operation": "file", "startedAt": T, "claimID": claim,
+               "runID": "run", "epoch": 2, "holderID": "h", "renewedAt": T, "expiresAt": T})
+    };
+    let admitted = |claim: &str| {
+        with(
+            with(status(2, 1), "activeRun", run(claim, 2, 1)),
+            "activeOperation",
+            op(claim),
+        )
+    };
+    let executor = MemExecutor::new(1, 0.0, Duration::from_millis(1));
+    let ack = |revision: &str, claim: &str| Acknowledged {
+        environment: incarnation(revision),
+        claim_id: claim.into(),
+        epoch: 2,
+        grant_generation: 1,
+        sent_ms: 10_631,
+        what: "command".into(),
+    };
+    let judge = |history: History, stored: &[Value]| {
+        let mut checker = checker();
+        checker.observe_writes(&[env(1, admitted("c1")), reincarnated(2, admitted("c2"))]);
+        checker.finish(&history, &executor, stored);
+        checker.violations().to_vec()
+    };
+    let revoked_first = vec![Revoked {
+        environment: incarnation("r1"),
+        grant_generation: 2,
+        answered_ms: 2_013,
+    }];
+    let on_the_new_one = History {
+        acknowledged: vec![ack("r2", "c2")],
+        revoked: revoked_first.clone(),
+        ..History::default()
+    };
+    assert_eq!(judge(on_the_new_one, &[]), Vec::<String>::new());
+    let on_the_revoked_one = History {
+        acknowledged: vec![ack("r1", "c1")],
+        revoked: revoked_first,
+        ..History::default()
+    };
+    let found = judge(on_the_revoked_one, &[]);
+    assert!(found.iter().any(|v| v.contains("§10.29")), "{found:?}");
+    // A claim that held an operation on the first incarnation proves nothing on the second.
+    let crossed = History {
+        acknowledged: vec![ack("r2", "c1")],
+        ..History::default()
+    };
+    let found = judge(crossed, &[]);
+    assert!(found.iter().any(|v| v.contains("§10.13")), "{found:?}");
+    // Deleting the first incarnation does not excuse losing the second.
+    let stored_second = reincarnated(3, status(2, 1)).object;
+    let ensured_both = |stored: &[Value]| {
+        let history = History {
+            ensured: [incarnation("r1"), incarnation("r2")].into(),
+            deleted: [incarnation("r1")].into(),
+            ..History::default()
+        };
+        judge(history, stored)
+    };
+    assert_eq!(ensured_both(&[stored_second]), Vec::<String>::new());
+    let found = ensured_both(&[]);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("ensure of exec-a (revision r2) was lost")),
+        "{found:?}"
+    );
 }

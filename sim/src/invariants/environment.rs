@@ -11,7 +11,6 @@ use execution_provider::kube::crd::{
 /// What the checker remembers of one environment incarnation between versions.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Seen {
-    pub(super) uid: String,
     /// The previous version's status.
     pub(super) status: ExecutionEnvironmentStatus,
     /// Every (claim id, epoch, grant generation) an activeOperation was admitted under while

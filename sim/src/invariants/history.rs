@@ -3,18 +3,51 @@
 //! a grant generation that an acknowledged revocation had already ended (§10.29); the executor
 //! ran no command twice (at most once); every acknowledged ensure still exists; and no
 //! definitively refused request left its operation id in the store (§10.6).
+//!
+//! Every history is kept per incarnation: an environment retired, deleted and ensured again
+//! under the same name is a new object (new UID, new revision) whose epochs and grant
+//! generations start afresh, so nothing recorded of one incarnation is judged against another.
 
 use std::collections::BTreeSet;
+
+use execution_provider::api::pb;
 
 use crate::executor::MemExecutor;
 
 use super::Checker;
 
+/// One incarnation of an environment as the provider names it to clients: its name and the
+/// revision drawn when it was created. The checker maps it to the UID of the object it saw
+/// written with that name and revision.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Incarnation {
+    /// The environment's name (its id on the wire).
+    pub name: String,
+    /// Its revision (`spec.revision`).
+    pub revision: String,
+}
+
+impl Incarnation {
+    /// The incarnation an `EnvironmentRef` names.
+    pub fn of(env: &pb::EnvironmentRef) -> Self {
+        Self {
+            name: env.id.clone(),
+            revision: env.revision.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for Incarnation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (revision {})", self.name, self.revision)
+    }
+}
+
 /// A data-plane call a client was told succeeded.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Acknowledged {
-    /// The environment.
-    pub environment: String,
+    /// The environment incarnation.
+    pub environment: Incarnation,
     /// The claim it ran under.
     pub claim_id: String,
     /// The epoch of that claim.
@@ -30,8 +63,8 @@ pub struct Acknowledged {
 /// A revocation a client was told succeeded.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Revoked {
-    /// The environment.
-    pub environment: String,
+    /// The environment incarnation.
+    pub environment: Incarnation,
     /// The generation it moved to.
     pub grant_generation: u64,
     /// Simulated milliseconds when the answer arrived.
@@ -45,12 +78,12 @@ pub struct History {
     pub acknowledged: Vec<Acknowledged>,
     /// Acknowledged revocations.
     pub revoked: Vec<Revoked>,
-    /// Environments some ensure was acknowledged for.
-    pub ensured: BTreeSet<String>,
+    /// Environment incarnations some ensure was acknowledged for.
+    pub ensured: BTreeSet<Incarnation>,
     /// Operation ids of requests refused with a definitive code (nothing may be written).
     pub refused: BTreeSet<String>,
-    /// Environments whose DeleteRetiredEnvironment was acknowledged.
-    pub deleted: BTreeSet<String>,
+    /// Environment incarnations whose DeleteRetiredEnvironment was acknowledged.
+    pub deleted: BTreeSet<Incarnation>,
 }
 
 impl Checker {
@@ -61,21 +94,24 @@ impl Checker {
         executor: &MemExecutor,
         objects: &[serde_json::Value],
     ) {
+        let mut found = Vec::new();
         for ack in &history.acknowledged {
+            let uid = self.uid_of(&ack.environment);
             let claim = (ack.claim_id.clone(), ack.epoch, ack.grant_generation);
-            if !self.admitted_under(&ack.environment).contains(&claim) {
-                self.violate(format!(
+            if !uid.is_some_and(|uid| self.admitted_under(uid).contains(&claim)) {
+                found.push(format!(
                     "§10.13 no dispatch without a current claim: {} on {} was acknowledged under claim {} epoch {} generation {} that never held its operation",
                     ack.what, ack.environment, ack.claim_id, ack.epoch, ack.grant_generation
                 ));
             }
             let revoked_before = history.revoked.iter().find(|r| {
-                r.environment == ack.environment
+                uid.is_some()
+                    && self.uid_of(&r.environment) == uid
                     && r.grant_generation > ack.grant_generation
                     && r.answered_ms < ack.sent_ms
             });
             if let Some(revoked) = revoked_before {
-                self.violate(format!(
+                found.push(format!(
                     "§10.29 {} on {} sent at {} ms under generation {} succeeded after a revocation to generation {} was acknowledged at {} ms",
                     ack.what,
                     ack.environment,
@@ -87,15 +123,23 @@ impl Checker {
             }
         }
         for command in executor.duplicate_commands() {
-            self.violate(format!("command {command} was executed more than once"));
+            found.push(format!("command {command} was executed more than once"));
         }
-        let present: BTreeSet<String> = objects
+        let present: BTreeSet<&str> = objects
             .iter()
-            .filter_map(|o| o.pointer("/metadata/name")?.as_str().map(str::to_owned))
+            .filter_map(|o| o.pointer("/metadata/uid")?.as_str())
+            .collect();
+        let deleted: BTreeSet<&str> = history
+            .deleted
+            .iter()
+            .filter_map(|d| self.uid_of(d))
             .collect();
         for env in &history.ensured {
-            if !present.contains(env) && !history.deleted.contains(env) {
-                self.violate(format!("acknowledged ensure of {env} was lost"));
+            let kept = self
+                .uid_of(env)
+                .is_some_and(|uid| present.contains(uid) || deleted.contains(uid));
+            if !kept {
+                found.push(format!("acknowledged ensure of {env} was lost"));
             }
         }
         let leaked: Vec<String> = history
@@ -104,9 +148,10 @@ impl Checker {
             .cloned()
             .collect();
         for operation in leaked {
-            self.violate(format!(
+            found.push(format!(
                 "§10.6 the refused request {operation} wrote durable state"
             ));
         }
+        self.violate_all(found);
     }
 }

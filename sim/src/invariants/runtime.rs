@@ -33,6 +33,19 @@ fn label<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
     object.pointer("/metadata/labels")?.get(key)?.as_str()
 }
 
+/// The UID of the environment incarnation that owns a Pod or PVC (its controller owner
+/// reference): objects are judged against their own incarnation, never a later one of the
+/// same name.
+fn owner_uid(object: &Value) -> Option<&str> {
+    object
+        .pointer("/metadata/ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|o| o["kind"] == "ExecutionEnvironment")?
+        .get("uid")?
+        .as_str()
+}
+
 fn str_at<'a>(object: &'a Value, pointer: &str) -> &'a str {
     object
         .pointer(pointer)
@@ -230,10 +243,8 @@ impl Runtime {
         if had != Some(true) || has {
             return;
         }
-        let Some(env) = label(object, LABEL_ENVIRONMENT) else {
-            return;
-        };
-        let Some(seen) = envs.get(env) else {
+        let env = label(object, LABEL_ENVIRONMENT).unwrap_or_default();
+        let Some(seen) = owner_uid(object).and_then(|owner| envs.get(owner)) else {
             return;
         };
         let proven = seen
@@ -258,18 +269,30 @@ impl Runtime {
         found: &mut Vec<String>,
     ) {
         let name = path.rsplit('/').next().unwrap_or_default();
-        let owner = envs
-            .iter()
-            .find(|(_, s)| s.status.pvc.as_ref().is_some_and(|p| p.name == name));
-        let Some((env, seen)) = owner else {
-            return;
-        };
         let uid = object
             .pointer("/metadata/uid")
             .and_then(|u| u.as_str())
             .map(str::to_owned);
-        let admitted = admitted_pvc_delete(&seen.status, uid.as_deref());
+        // The incarnation that owns this very PVC is the one whose status recorded its UID
+        // (several incarnations of one name share the PVC name); when none did (or the delete
+        // was answered without the object), every incarnation of that PVC name is asked.
+        let named = |s: &&Seen| s.status.pvc.as_ref().is_some_and(|p| p.name == name);
+        let mut owners: Vec<&Seen> = envs
+            .values()
+            .filter(named)
+            .filter(|s| s.status.pvc.as_ref().map(|p| &p.uid) == uid.as_ref())
+            .collect();
+        if owners.is_empty() {
+            owners = envs.values().filter(named).collect();
+        }
+        if owners.is_empty() {
+            return;
+        }
+        let admitted = owners
+            .iter()
+            .any(|seen| admitted_pvc_delete(&seen.status, uid.as_deref()));
         if !admitted {
+            let env = label(object, LABEL_ENVIRONMENT).unwrap_or(name);
             found.push(format!(
                 "§10.27 the workspace PVC {name} of {env} was deleted without an admitted DeleteRetiredEnvironment"
             ));

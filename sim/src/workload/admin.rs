@@ -5,7 +5,7 @@ use execution_provider::api::pb;
 use rand::RngExt;
 
 use super::{Session, absent_environment, now_ms, outcome, proves_nothing, same_refusal};
-use crate::invariants::Revoked;
+use crate::invariants::{Incarnation, Revoked};
 
 impl Session {
     pub(super) async fn revoke(&mut self, binding: &str) {
@@ -33,7 +33,7 @@ impl Session {
                 .lock()
                 .expect("revoked lock")
                 .push(Revoked {
-                    environment: env.id,
+                    environment: Incarnation::of(&env),
                     grant_generation: response.into_inner().grant_generation,
                     answered_ms: now_ms(),
                 });
@@ -105,11 +105,7 @@ impl Session {
         self.trace(format!("delete-retired {binding} -> {}", outcome(&result)));
         self.note_refusal(&operation_id, &result);
         if result.is_ok() {
-            self.record
-                .deleted
-                .lock()
-                .expect("deleted lock")
-                .insert(env.id);
+            self.record.note_deleted(&env);
             self.bindings.get_mut(binding).expect("known binding").env = None;
         }
     }

@@ -100,7 +100,7 @@ impl Session {
         let Ok(response) = result else { return };
         let env = response.into_inner().environment;
         if let Some(env) = &env {
-            self.record.note_ensured(&env.id);
+            self.record.note_ensured(env);
         }
         let commit = pb::ReferenceMutationRequest {
             environment: env.clone(),

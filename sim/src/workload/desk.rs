@@ -145,16 +145,18 @@ impl AdminDesk {
         }
         let operation_id = format!("{ADMIN_HOST}-{call:?}-{made}").to_lowercase();
         let client = self.client(made, &exact.client_hash);
-        let result = send(client, call, env, owner, &exact, &operation_id).await;
+        let result = send(client, call, env.clone(), owner, &exact, &operation_id).await;
         let epoch = exact.epoch;
         self.trace(format!("{call:?} {name} e{epoch} -> {}", traced(&result)));
         if definitively_refused(&result) {
             let mut refused = self.record.refused.lock().expect("refused lock");
             refused.insert(operation_id);
         }
-        if call == AdminCall::DeleteRetired && result.is_ok() {
-            let mut deleted = self.record.deleted.lock().expect("deleted lock");
-            deleted.insert(name.to_owned());
+        if call == AdminCall::DeleteRetired
+            && result.is_ok()
+            && let Some(env) = &env
+        {
+            self.record.note_deleted(env);
         }
     }
 

@@ -17,7 +17,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::clock::SkewedClock;
-use crate::invariants::{Acknowledged, History, Revoked};
+use crate::invariants::{Acknowledged, History, Incarnation, Revoked};
 use crate::net::SimNet;
 use crate::scenario::Mix;
 use crate::trace::Trace;
@@ -42,8 +42,8 @@ pub struct Record {
     pub trace: Trace,
     /// Acknowledged data-plane calls.
     pub acknowledged: Arc<Mutex<Vec<Acknowledged>>>,
-    /// Environments whose ensure was acknowledged.
-    pub ensured: Arc<Mutex<BTreeSet<String>>>,
+    /// Environment incarnations whose ensure was acknowledged.
+    pub ensured: Arc<Mutex<BTreeSet<Incarnation>>>,
     /// Requests that must fail but succeeded.
     pub violations: Arc<Mutex<Vec<String>>>,
     /// Calls issued.
@@ -52,20 +52,28 @@ pub struct Record {
     pub revoked: Arc<Mutex<Vec<Revoked>>>,
     /// Operation ids of requests refused with a definitive code.
     pub refused: Arc<Mutex<BTreeSet<String>>>,
-    /// Environments whose DeleteRetiredEnvironment was acknowledged.
-    pub deleted: Arc<Mutex<BTreeSet<String>>>,
+    /// Environment incarnations whose DeleteRetiredEnvironment was acknowledged.
+    pub deleted: Arc<Mutex<BTreeSet<Incarnation>>>,
     /// Run claims by `platform/owner/binding`, shared by every client host of that platform
     /// and owner (workers of one platform passing a claim around), oldest first.
     pub claims: Arc<Mutex<BTreeMap<String, Vec<pb::RunClaimResponse>>>>,
 }
 
 impl Record {
-    /// Records that the ensure of environment `id` was acknowledged.
-    pub(crate) fn note_ensured(&self, id: &str) {
+    /// Records that the ensure of environment `env` was acknowledged.
+    pub(crate) fn note_ensured(&self, env: &pb::EnvironmentRef) {
         self.ensured
             .lock()
             .expect("ensured lock")
-            .insert(id.to_owned());
+            .insert(Incarnation::of(env));
+    }
+
+    /// Records that the DeleteRetiredEnvironment of `env` was acknowledged.
+    pub(crate) fn note_deleted(&self, env: &pb::EnvironmentRef) {
+        self.deleted
+            .lock()
+            .expect("deleted lock")
+            .insert(Incarnation::of(env));
     }
 
     /// What the clients recorded, for the checker.
@@ -348,8 +356,11 @@ impl Session {
         let environment = claim
             .environment
             .as_ref()
-            .map(|e| e.id.clone())
-            .unwrap_or_default();
+            .map(Incarnation::of)
+            .unwrap_or_else(|| Incarnation {
+                name: String::new(),
+                revision: String::new(),
+            });
         self.record
             .acknowledged
             .lock()

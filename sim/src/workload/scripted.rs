@@ -181,7 +181,7 @@ impl Desk {
         let result = self.client(call).ensure_template(request).await;
         self.trace(call, &format!("ensure {template}"), outcome(&result));
         let env = result.ok()?.into_inner().environment?;
-        self.record.note_ensured(&env.id);
+        self.record.note_ensured(&env);
         let commit = pb::ReferenceMutationRequest {
             environment: Some(env.clone()),
             owner: Some(owner(&call.owner)),
