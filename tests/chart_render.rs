@@ -216,11 +216,11 @@ fn the_chart_has_no_hooks_no_pvcs_and_no_open_egress(helm: &Path) {
 }
 
 fn the_values_schema_refuses_bad_values(helm: &Path) {
-    // Each bad value with what must name it in helm's refusal: the values schema (field by
-    // field), or the chart's own guard for an egress rule that opens everything. Any other
-    // failure (a broken chart, a bad flag, a missing file) is not a refusal of that value.
+    // Each bad value with what must name it in helm's refusal: the values schema, field by
+    // field. Any other failure (a broken chart, a bad flag, a missing file) is not a refusal
+    // of that value.
     const SCHEMA: &str = "values don't meet the specifications of the schema";
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 15] = [
         (&["--set", "provider.replicas=1"], &[SCHEMA, "replicas"]),
         (
             &["--set", "provider.image=registry.example/provider:latest"],
@@ -233,11 +233,53 @@ fn the_values_schema_refuses_bad_values(helm: &Path) {
             &[SCHEMA, "apiServerCIDRs"],
         ),
         (
+            &["--set", "provider.securityReloadInterval=2m"],
+            &[SCHEMA, "securityReloadInterval"],
+        ),
+        (
+            &["--set", "provider.maxConcurrentRPCs=0"],
+            &[SCHEMA, "maxConcurrentRPCs"],
+        ),
+        (
+            &["--set", "provider.maxConcurrentRPCsPerClient=5000"],
+            &[SCHEMA, "maxConcurrentRPCsPerClient"],
+        ),
+        (
+            &["--set", "provider.maxConnections=70000"],
+            &[SCHEMA, "maxConnections"],
+        ),
+        (
+            &["--set", "provider.maxTlsHandshakes=0"],
+            &[SCHEMA, "maxTlsHandshakes"],
+        ),
+        (
+            &["--set", "networkPolicy.enabled=false"],
+            &[SCHEMA, "enabled"],
+        ),
+        (
+            &["--set", "resourceGovernance.enabled=false"],
+            &[SCHEMA, "enabled"],
+        ),
+        (
             &[
                 "--set-json",
-                "networkPolicy.workloadProfiles={\"default\":{\"egress\":[{\"cidr\":\"0.0.0.0/0\",\"ports\":[{\"port\":443}]}]}}",
+                "maintenance.pruneRevisions={\"default\":[\"latest\"]}",
             ],
-            &["0.0.0.0/0 would open executors to everything"],
+            &[SCHEMA, "pruneRevisions"],
+        ),
+        (
+            &[
+                "--set-json",
+                "provider.securitySources=[{\"name\":\"tls\",\"items\":[{\"key\":\"a\",\"path\":\"../server.pem\"}]}]",
+            ],
+            &[SCHEMA, "path"],
+        ),
+        (
+            &[
+                "--set-json",
+                "networkPolicy.workloadProfiles={\"default\":{\"egress\":[{\"cidr\":\"192.0.2.0/24\",\"except\":[\"nowhere\"],\"ports\":[{\"port\":443}]}]}}",
+            ],
+            &[SCHEMA, "except"],
         ),
     ];
     for (extra, named) in cases {
@@ -252,8 +294,14 @@ fn the_values_schema_refuses_bad_values(helm: &Path) {
     assert!(render(helm, &[]).is_ok());
 }
 
+#[path = "chart_render/checks.rs"]
+mod checks;
 #[path = "k8s_bins/mod.rs"]
 mod k8s_bins;
+#[path = "chart_render/lifetime_guard.rs"]
+mod lifetime_guard;
+#[path = "chart_render/values_read.rs"]
+mod values_read;
 
 /// The helm binary of this run, else why not and whether that only makes the tests ignored
 /// (`true`: there is none and none can be built here, outside CI) or fails them.
@@ -314,6 +362,26 @@ fn main() -> std::process::ExitCode {
         chart_test(
             "the_values_schema_refuses_bad_values",
             the_values_schema_refuses_bad_values,
+        ),
+        chart_test(
+            "the_values_schema_names_every_value_the_templates_read",
+            values_read::the_values_schema_names_every_value_the_templates_read,
+        ),
+        chart_test(
+            "the_deployment_passes_every_provider_value",
+            values_read::the_deployment_passes_every_provider_value,
+        ),
+        chart_test(
+            "the_egress_check_refuses_every_split_of_the_public_address_space",
+            checks::the_egress_check_refuses_every_split_of_the_public_address_space,
+        ),
+        chart_test(
+            "the_render_checks_refuse_what_the_schema_cannot_express",
+            checks::the_render_checks_refuse_what_the_schema_cannot_express,
+        ),
+        chart_test(
+            "each_upgrade_guard_refuses_its_case",
+            lifetime_guard::each_upgrade_guard_refuses_its_case,
         ),
     ];
     libtest_mimic::run(&args, trials).exit_code()
