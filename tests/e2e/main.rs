@@ -20,12 +20,14 @@ mod crd;
 mod crd_admission;
 mod fixtures;
 mod flow;
+mod foreground_delete;
 #[path = "../k8s_bins/mod.rs"]
 mod k8s_bins;
 mod kwok_exec;
 mod lifecycle;
 mod pod_exec;
 mod provider;
+mod upgrade_guard;
 
 use cluster::Cluster;
 use control_plane::Availability;
@@ -84,12 +86,20 @@ fn main() -> std::process::ExitCode {
             flow::two_replicas_serve_one_environment_and_exactly_one_concurrent_claim_wins,
         ),
         cluster_test(
+            "foreground_delete::a_foreground_cascading_delete_leaves_the_executor_pod_and_the_workspace",
+            foreground_delete::a_foreground_cascading_delete_leaves_the_executor_pod_and_the_workspace,
+        ),
+        cluster_test(
             "lifecycle::revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_workspace",
             lifecycle::revoke_refuses_old_grants_and_retire_then_delete_remove_pod_then_workspace,
         ),
         cluster_test(
             "pod_exec::the_pod_exec_transport_runs_the_helper_in_a_kwok_pod_through_the_api_server",
             pod_exec::the_pod_exec_transport_runs_the_helper_in_a_kwok_pod_through_the_api_server,
+        ),
+        cluster_test(
+            "upgrade_guard::the_upgrade_guard_sees_the_live_namespace",
+            upgrade_guard::the_upgrade_guard_sees_the_live_namespace,
         ),
         Trial::test(
             "fixtures::the_suite_template_catalogue_loads_with_the_revision_the_crate_computes",
