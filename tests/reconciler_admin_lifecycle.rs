@@ -443,3 +443,159 @@ async fn incomplete_terminal_evidence_admits_no_lifecycle_and_writes_no_proof() 
             .await;
     }
 }
+
+/// Turns the provisioned executor into one of an earlier release: the idle shell as its main
+/// process, no supervisor.
+async fn make_legacy(world: &World) {
+    use execution_provider::reconciler::render::LEGACY_EXECUTOR_COMMAND;
+    world
+        .replace_pod(|pod| {
+            let container = &mut pod.spec.as_mut().unwrap().containers[0];
+            container.command = Some(LEGACY_EXECUTOR_COMMAND.map(str::to_owned).to_vec());
+        })
+        .await;
+}
+
+fn main_process(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+    pod.spec.as_ref().unwrap().containers[0]
+        .command
+        .clone()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_idle_executor_of_the_previous_main_process_is_replaced_by_one_whose_main_process_is_the_supervisor()
+ {
+    use execution_provider::reconciler::render::EXECUTOR_COMMAND;
+    use execution_provider::reconciler::upgrade::UPGRADE_OPERATION_PREFIX;
+    let world = World::new().await;
+    let (_store, reconciler) = provisioned(&world).await;
+    let new_shape = world.pod().await.unwrap();
+    assert_eq!(
+        main_process(&new_shape),
+        EXECUTOR_COMMAND.map(str::to_owned)
+    );
+    assert_eq!(
+        EXECUTOR_COMMAND,
+        ["/mecatl-executor", "supervise"],
+        "no sleep: the helper's supervisor is the main process"
+    );
+    // A supervisor Pod is left alone.
+    reconciler.reconcile(ENV).await.unwrap();
+    assert!(phase(&world.env().await).is_none());
+
+    make_legacy(&world).await;
+    let old = world.pod().await.unwrap();
+    let old_uid = old.metadata.uid.clone().unwrap();
+    reconciler.reconcile(ENV).await.unwrap();
+    let admitted = world.env().await;
+    let op = admitted
+        .status
+        .as_ref()
+        .unwrap()
+        .lifecycle_operation
+        .clone()
+        .expect("the upgrade is admitted");
+    assert_eq!(op.id, format!("{UPGRADE_OPERATION_PREFIX}{old_uid}"));
+    assert_eq!(op.expected_pod_uid.as_deref(), Some(old_uid.as_str()));
+    assert_eq!(
+        ready(&admitted).map(|(s, _)| s),
+        Some(ConditionStatus::False)
+    );
+
+    drive(&world, &reconciler, &old_uid).await;
+    let env = world.env().await;
+    let status = env.status.clone().unwrap();
+    let proof = status
+        .termination_proof
+        .clone()
+        .expect("termination proven");
+    assert_eq!(proof.pod_uid, old_uid, "the old executor's end was proven");
+    assert_eq!(status.epoch, Some(2), "a new epoch");
+    let replacement = world.pod().await.unwrap();
+    assert_ne!(replacement.metadata.uid.as_deref(), Some(old_uid.as_str()));
+    assert_eq!(
+        main_process(&replacement),
+        EXECUTOR_COMMAND.map(str::to_owned)
+    );
+    reconciler.reconcile(ENV).await.unwrap();
+    assert_eq!(
+        ready(&world.env().await).map(|(s, _)| s),
+        Some(ConditionStatus::True)
+    );
+}
+
+#[tokio::test]
+async fn an_executor_of_the_previous_main_process_is_kept_while_a_claim_or_an_operation_is_active()
+{
+    use execution_provider::kube::crd::{ActiveOperation, ActiveRun, RfcTime};
+    let world = World::new().await;
+    let (_store, reconciler) = provisioned(&world).await;
+    make_legacy(&world).await;
+    let old_uid = world.pod().await.unwrap().metadata.uid.unwrap();
+    let later = RfcTime::from_system_time(world.now() + std::time::Duration::from_secs(600));
+    let claim = ActiveRun {
+        binding_id: "binding".into(),
+        run_id: "run-1".into(),
+        claim_id: "claim-1".into(),
+        operation_id: "op-claim".into(),
+        owner_hash: owner_hash(ISSUER, "alice"),
+        client_hash: client_hash(ADMIN),
+        epoch: 1,
+        grant_generation: 1,
+        expires_at: later,
+    };
+    world
+        .edit_status(|s| s.active_run = Some(claim.clone()))
+        .await;
+    for _ in 0..3 {
+        reconciler.reconcile(ENV).await.unwrap();
+    }
+    let env = world.env().await;
+    assert!(phase(&env).is_none(), "no replacement under a live claim");
+    assert_eq!(
+        world.pod().await.unwrap().metadata.uid.as_deref(),
+        Some(old_uid.as_str())
+    );
+
+    // A running operation (no claim) keeps it too.
+    let now = RfcTime::from_system_time(world.now());
+    let operation = ActiveOperation {
+        id: "op-running".into(),
+        operation: "file.read".into(),
+        started_at: now,
+        claim_id: String::new(),
+        run_id: String::new(),
+        epoch: 1,
+        holder_id: "replica-1".into(),
+        renewed_at: now,
+        expires_at: later,
+    };
+    world
+        .edit_status(|s| {
+            s.active_run = None;
+            s.active_operation = Some(operation.clone());
+        })
+        .await;
+    for _ in 0..3 {
+        reconciler.reconcile(ENV).await.unwrap();
+    }
+    assert!(
+        phase(&world.env().await).is_none(),
+        "no replacement under a running operation"
+    );
+    world.edit_status(|s| s.active_operation = None).await;
+
+    // The claim expired: the upgrade goes ahead and clears it, as an admin replacement does.
+    let expired = ActiveRun {
+        expires_at: RfcTime::from_system_time(world.now() - std::time::Duration::from_secs(1)),
+        ..claim
+    };
+    world
+        .edit_status(|s| s.active_run = Some(expired.clone()))
+        .await;
+    reconciler.reconcile(ENV).await.unwrap();
+    let env = world.env().await;
+    assert!(phase(&env).is_some(), "{:?}", env.status);
+    assert!(env.status.unwrap().active_run.is_none());
+}

@@ -13,7 +13,8 @@ use super::pod::{ensure_pod, pod_ready, pod_terminal};
 use super::pvc::ensure_pvc;
 use super::revoke::stop_revoked_executor;
 use super::status::{count_fence, fence_expired, guarded, not_ready, unguarded};
-use super::{Context, Next};
+use super::validate_pod::runs_supervisor;
+use super::{Context, Next, upgrade};
 use crate::kube::crd::{
     ConditionStatus, Desired, ENVIRONMENT_FINALIZER, ExecutionEnvironment, FenceState,
     LifecycleType, ObjectIdentity, SCHEMA_VERSION, condition,
@@ -206,6 +207,13 @@ async fn ensure_runtime(
     let proven = status_proves_exit(env, &pod);
     let ready = pod_ready(&pod);
     record_runtime(envs, ctx, env, &pvc, &pod, ready, exited && !proven).await?;
+    if ready && !exited && !runs_supervisor(&pod) {
+        // Read again: the write above may have just made the environment Ready.
+        let name = env.metadata.name.clone().unwrap_or_default();
+        if let Some(live) = cas::get(envs, &name).await? {
+            upgrade::admit_upgrade(envs, ctx, &live, &pod).await?;
+        }
+    }
     Ok(if ready || exited {
         Next::Wait
     } else {

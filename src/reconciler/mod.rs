@@ -26,6 +26,7 @@ pub mod render;
 mod retained;
 mod revoke;
 pub mod status;
+pub mod upgrade;
 pub mod validate_pod;
 
 use std::collections::BTreeMap;

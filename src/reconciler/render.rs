@@ -20,8 +20,16 @@ use crate::templates::ExecutionSpec;
 
 /// The UID, GID and fsGroup the executor runs as.
 pub const EXECUTOR_UID: i64 = 65532;
-/// The idle process of the executor container; all work arrives through the helper.
-pub const EXECUTOR_COMMAND: [&str; 3] = ["/bin/sh", "-c", "trap : TERM INT; sleep infinity & wait"];
+/// The executor container's main process: the helper's supervisor (docs/commands.md §2), PID 1
+/// of the Pod, on `/workspace` and the abstract socket `@mecatl-supervisor`. Per-call helpers
+/// (`pods/exec`) reach it through the relay.
+pub const EXECUTOR_COMMAND: [&str; 2] =
+    [crate::executor::pod_exec::HELPER_IN_IMAGE_PATH, "supervise"];
+/// The main process of executors of earlier releases: an idle shell, no supervisor. Such a Pod
+/// is still adopted (one-shot helper calls work on it) and replaced by the reconciler as soon as
+/// its environment is idle (`super::upgrade`).
+pub const LEGACY_EXECUTOR_COMMAND: [&str; 3] =
+    ["/bin/sh", "-c", "trap : TERM INT; sleep infinity & wait"];
 /// The Pod's termination grace: the same 30 s the lifecycle's own deletes give it, stated so
 /// that no cluster default changes it.
 pub const EXECUTOR_TERMINATION_GRACE_SECONDS: i64 = 30;

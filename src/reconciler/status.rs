@@ -88,7 +88,7 @@ pub async fn guarded(
 }
 
 /// [`guarded`] that also requires `still(live)` of the live object before it writes.
-async fn guarded_while(
+pub(super) async fn guarded_while(
     envs: &Api<ExecutionEnvironment>,
     ctx: &Context,
     observed: &ExecutionEnvironment,

@@ -251,6 +251,49 @@ fn the_rendered_pod_has_no_owner_reference_and_names_its_environment_by_labels()
 }
 
 #[test]
+fn the_supervisor_or_the_earlier_idle_shell_is_the_main_process_and_nothing_else() {
+    use super::render::LEGACY_EXECUTOR_COMMAND;
+    use super::validate_pod::runs_supervisor;
+    let (_, revision) = every_revision().remove(0);
+    let env = environment(&revision);
+    let spec = revision.execution();
+    let check = |pod: &Pod| validate_pod(&env, spec, "execution-executor", pod);
+    let rendered = executor_pod(&env, spec, "execution-executor");
+    assert_eq!(
+        rendered.spec.as_ref().unwrap().containers[0].command,
+        Some(vec!["/mecatl-executor".to_owned(), "supervise".to_owned()])
+    );
+    assert!(runs_supervisor(&rendered));
+    let with_command = |command: &[&str]| {
+        let mut pod = rendered.clone();
+        pod.spec.as_mut().unwrap().containers[0].command =
+            Some(command.iter().map(|s| (*s).to_owned()).collect());
+        pod
+    };
+    let legacy = with_command(&LEGACY_EXECUTOR_COMMAND);
+    assert_eq!(
+        check(&legacy),
+        Ok(PodShape::Current),
+        "adopted, to be replaced"
+    );
+    assert!(!runs_supervisor(&legacy));
+    for other in [
+        &["/bin/sh", "-c", "sleep infinity"][..],
+        &["/mecatl-executor", "supervise", "--socket", "@elsewhere"][..],
+        &["/mecatl-executor"][..],
+    ] {
+        assert_eq!(
+            check(&with_command(other)),
+            Err("executor container name, image or command differs"),
+            "{other:?}"
+        );
+    }
+    let mut no_command = rendered.clone();
+    no_command.spec.as_mut().unwrap().containers[0].command = None;
+    assert!(check(&no_command).is_err());
+}
+
+#[test]
 fn a_previous_shape_pod_is_adopted_as_such_and_a_mixed_one_is_refused() {
     let (_, revision) = every_revision().remove(0);
     let env = environment(&revision);

@@ -9,6 +9,11 @@
 //! to the current shape (see `pod::move_to_current_shape`), and the three spec fields, which
 //! cannot change on a Pod, arrive with the environment's next Pod: until then they are
 //! accepted either all as rendered or all as the API server defaulted them.
+//!
+//! The container command is the supervisor ([`render::EXECUTOR_COMMAND`]) or, for a Pod of an
+//! earlier release, the idle shell ([`render::LEGACY_EXECUTOR_COMMAND`]); a command cannot
+//! change on a Pod, so the reconciler replaces such a Pod once its environment is idle
+//! ([`runs_supervisor`], `super::upgrade`). Anything else is refused.
 
 use std::collections::BTreeMap;
 
@@ -251,7 +256,7 @@ fn validate_container(
 ) -> Result<(), &'static str> {
     if actual.name != wanted.name
         || actual.image != wanted.image
-        || actual.command != wanted.command
+        || (actual.command != wanted.command && !runs_legacy_command(actual))
     {
         return Err("executor container name, image or command differs");
     }
@@ -307,6 +312,23 @@ fn validate_container(
         return Err("executor resources differ");
     }
     Ok(())
+}
+
+fn runs_legacy_command(container: &Container) -> bool {
+    container.command.as_deref().is_some_and(|c| {
+        c.iter()
+            .map(String::as_str)
+            .eq(render::LEGACY_EXECUTOR_COMMAND)
+    })
+}
+
+/// Whether an adopted executor Pod's main process is the supervisor; false for the idle shell
+/// of earlier releases (which [`validate_pod`] still adopts).
+pub fn runs_supervisor(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .is_some_and(|c| !runs_legacy_command(c))
 }
 
 /// Exactly {cpu, memory, ephemeral-storage}, each equal by value.

@@ -198,6 +198,9 @@ async fn serve(
     } else {
         (None, None)
     };
+    let Ok(mut child_exits) = signal(SignalKind::child()) else {
+        return ExitCode::from(1);
+    };
     tokio::spawn(supervisor.clone().watch_deadlines());
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut idle = stop
@@ -233,6 +236,10 @@ async fn serve(
                     channel::serve(supervisor, reader, writer).await;
                     drop(slot);
                 });
+            }
+            _ = child_exits.recv() => {
+                let supervisor = supervisor.clone();
+                tokio::spawn(async move { supervisor.reap_orphans().await });
             }
             _ = terminated => break,
             _ = interrupted => break,

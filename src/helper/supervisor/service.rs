@@ -23,6 +23,8 @@ use crate::executor::supervisor_protocol::{
 use crate::helper::reaper::SWEEP_WINDOW;
 use crate::runtime::Runtime;
 
+/// How long one orphan sweep after a child's exit may take.
+const ORPHAN_SWEEP: Duration = Duration::from_millis(500);
 /// Added to a cancel's grace and the sweep window before a cancel stops waiting.
 const CANCEL_SLACK: Duration = Duration::from_secs(5);
 
@@ -369,6 +371,13 @@ impl Supervisor {
             journal.bury(&entry.id);
         }
         views
+    }
+
+    /// Kills and reaps every child that is not a live reaper: as PID 1 of a Pod the supervisor
+    /// inherits every orphan of the namespace (a killed one-shot helper's command, say), and an
+    /// orphan is never left running or as a zombie.
+    pub async fn reap_orphans(&self) {
+        let _ = command_link::sweep_orphans(&self.reapers, ORPHAN_SWEEP).await;
     }
 
     /// Ends every command (the supervisor is stopping).
