@@ -405,3 +405,59 @@ async fn a_refused_acquire_says_which_run_holds_the_claim_and_release_needs_no_g
         String::from_utf8_lossy(&again.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_status_summarises_the_owners_environments_one_line_each() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let dev = start_dev(dir).await;
+    for binding in ["first", "second"] {
+        let out = cli(dev.addr, dir, &["ensure", "--binding", binding]).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Not a terminal: no progress is drawn on stderr.
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let args = [
+        "status",
+        "--binding",
+        "first",
+        "--binding",
+        "second",
+        "--binding",
+        "never",
+    ];
+    let out = cli(dev.addr, dir, &args).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    assert!(
+        lines[0].starts_with("BINDING\tENVIRONMENT\tPHASE"),
+        "{text}"
+    );
+    for (line, binding) in lines[1..3].iter().zip(["first", "second"]) {
+        let fields: Vec<&str> = line.split('\t').collect();
+        assert_eq!(fields[0], binding, "{text}");
+        assert!(fields[1].starts_with("exec-"), "{text}");
+        assert_eq!((fields[2], fields[3]), ("Ready", "Healthy"), "{text}");
+    }
+    assert!(lines[3].starts_with("never\t-\t"), "{text}");
+    assert!(lines[3].contains("not_found"), "{text}");
+    assert_eq!(lines[4], "2 environments: 2 Ready");
+
+    let json = stdout_json(&cli(dev.addr, dir, &["--json", "status", "--binding", "first"]).await);
+    assert_eq!(json["phases"]["Ready"], 1);
+    assert_eq!(json["environments"][0]["bindingId"], "first");
+}

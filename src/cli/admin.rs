@@ -104,12 +104,16 @@ impl ExactArgs {
 #[derive(Debug, clap::Subcommand)]
 pub enum AdminCommand {
     /// Retires an unreferenced environment, keeping its workspace.
+    #[command(after_help = crate::cli::examples::ADMIN_RETIRE)]
     Retire(ExactArgs),
     /// Replaces the executor Pod on the same workspace.
+    #[command(after_help = crate::cli::examples::ADMIN_REPLACE)]
     Replace(ExactArgs),
     /// Clears an unknown fence once the exact executor Pod is proven terminated.
+    #[command(after_help = crate::cli::examples::ADMIN_RECOVER)]
     Recover(ExactArgs),
     /// Deletes a retired environment and its workspace.
+    #[command(after_help = crate::cli::examples::ADMIN_DELETE_RETIRED)]
     DeleteRetired {
         #[command(flatten)]
         env: EnvArgs,
@@ -121,6 +125,7 @@ pub enum AdminCommand {
         op: String,
     },
     /// Upgrades an environment from an older schema version (refused: none is known).
+    #[command(after_help = crate::cli::examples::ADMIN_MIGRATE)]
     Migrate {
         #[command(flatten)]
         env: EnvArgs,

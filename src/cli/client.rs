@@ -93,15 +93,19 @@ impl ClaimArgs {
 #[derive(Debug, clap::Subcommand)]
 pub enum ClientCommand {
     /// Lists the templates this client may use.
+    #[command(after_help = crate::cli::examples::TEMPLATES)]
     Templates,
     /// Creates (or finds) the environment of a binding and waits until it is ready.
+    #[command(after_help = crate::cli::examples::ENSURE)]
     Ensure(Target),
     /// Attaches to the ready environment of a binding.
+    #[command(after_help = crate::cli::examples::ATTACH)]
     Attach(Target),
     /// Run claims.
     #[command(subcommand)]
     Run(RunCommand),
     /// Runs a shell command in the environment and exits with its exit code.
+    #[command(after_help = crate::cli::examples::EXEC)]
     Exec {
         #[command(flatten)]
         target: Target,
@@ -118,6 +122,7 @@ pub enum ClientCommand {
     #[command(subcommand)]
     File(FileCommand),
     /// Releases the binding's published reference to the environment.
+    #[command(after_help = crate::cli::examples::RELEASE)]
     Release(Target),
     /// Binding-reference transactions and discovery.
     #[command(subcommand)]
@@ -126,20 +131,27 @@ pub enum ClientCommand {
     #[command(subcommand)]
     Admin(super::admin::AdminCommand),
     /// Revokes every claim and grant under the expected grant generation.
+    #[command(after_help = crate::cli::examples::REVOKE)]
     Revoke(super::admin::RevokeArgs),
     /// Describes an environment: phase, fence, epoch, Pod and PVC, operation, run claim.
+    #[command(after_help = crate::cli::examples::DESCRIBE)]
     Describe {
         #[command(flatten)]
         target: super::describe::DescribeArgs,
         #[command(flatten)]
         revision: super::describe::RevisionArg,
     },
+    /// Summarises the current owner's environments: the bindings named and those with pending
+    /// reference intents, one line each (phase, fence, epoch, run claim), and a count by phase.
+    #[command(after_help = crate::cli::examples::STATUS)]
+    Status(super::status::StatusArgs),
 }
 
 /// `client run ...`.
 #[derive(Debug, clap::Subcommand)]
 pub enum RunCommand {
     /// Takes the environment's run claim.
+    #[command(after_help = crate::cli::examples::RUN_ACQUIRE)]
     Acquire {
         #[command(flatten)]
         target: Target,
@@ -151,6 +163,7 @@ pub enum RunCommand {
         ttl: Duration,
     },
     /// Extends a claim.
+    #[command(after_help = crate::cli::examples::RUN_RENEW)]
     Renew {
         #[command(flatten)]
         target: Target,
@@ -161,6 +174,7 @@ pub enum RunCommand {
         ttl: Duration,
     },
     /// Gives a claim back.
+    #[command(after_help = crate::cli::examples::RUN_RELEASE)]
     Release {
         #[command(flatten)]
         target: Target,
@@ -173,6 +187,7 @@ pub enum RunCommand {
 #[derive(Debug, clap::Subcommand)]
 pub enum FileCommand {
     /// Prints a file.
+    #[command(after_help = crate::cli::examples::FILE_READ)]
     Read {
         #[command(flatten)]
         target: Target,
@@ -182,6 +197,7 @@ pub enum FileCommand {
         path: String,
     },
     /// Writes a file (created, or replaced by compare-and-swap on its current version).
+    #[command(after_help = crate::cli::examples::FILE_WRITE)]
     Write {
         #[command(flatten)]
         target: Target,
@@ -197,6 +213,7 @@ pub enum FileCommand {
         from: Option<PathBuf>,
     },
     /// Lists a directory.
+    #[command(after_help = crate::cli::examples::FILE_LS)]
     Ls {
         #[command(flatten)]
         target: Target,
@@ -296,6 +313,12 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<i32> {
                 super::describe::fetch(&mut client, &owner, &target, revision.revision.as_deref())
                     .await?;
             let (value, text) = super::describe::render(&d);
+            out.print(value, &text);
+            Ok(0)
+        }
+        ClientCommand::Status(status) => {
+            let rows = super::status::collect(client, &owner, &status).await?;
+            let (value, text) = super::status::render(&rows);
             out.print(value, &text);
             Ok(0)
         }

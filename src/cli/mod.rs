@@ -7,12 +7,14 @@ pub mod connect;
 pub mod describe;
 pub mod dev;
 pub mod dev_kubectl;
+pub mod examples;
 pub mod pki;
 pub mod refs;
 pub mod security;
 pub mod serve;
 pub mod session;
 pub mod state_dir;
+pub mod status;
 
 use crate::server::status::error_detail;
 

@@ -46,6 +46,7 @@ pub struct MutationArgs {
 pub enum RefsCommand {
     /// Lists pending intents: exact (--env and --binding), for the owner, or (--all-owners)
     /// for every owner of this client.
+    #[command(after_help = crate::cli::examples::REFS_LIST)]
     List {
         /// Exact lookup on this environment (with --env-revision and --binding).
         #[arg(long = "env", requires_all = ["revision", "binding"])]
@@ -64,6 +65,7 @@ pub enum RefsCommand {
         limit: i32,
     },
     /// Reserves a successor binding next to a published one.
+    #[command(after_help = crate::cli::examples::REFS_RESERVE)]
     Reserve {
         #[command(flatten)]
         env: EnvArgs,
@@ -78,14 +80,19 @@ pub enum RefsCommand {
         op: String,
     },
     /// Publishes a pending reference.
+    #[command(after_help = crate::cli::examples::REFS_COMMIT)]
     Commit(MutationArgs),
     /// Drops a pending reference.
+    #[command(after_help = crate::cli::examples::REFS_ABORT)]
     Abort(MutationArgs),
     /// Starts deleting a published reference.
+    #[command(after_help = crate::cli::examples::REFS_PREPARE_DELETE)]
     PrepareDelete(MutationArgs),
     /// Finishes deleting a reference.
+    #[command(after_help = crate::cli::examples::REFS_CONFIRM_DELETE)]
     ConfirmDelete(MutationArgs),
     /// Returns a reference being deleted to published.
+    #[command(after_help = crate::cli::examples::REFS_CANCEL_DELETE)]
     CancelDelete(MutationArgs),
 }
 

@@ -2,6 +2,7 @@
 //! the reference, wait until ready, then claims, files and commands on that environment.
 
 use std::future::Future;
+use std::io::IsTerminal;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -94,9 +95,14 @@ impl Session {
         if self.allocation.ready {
             return Ok(());
         }
-        let bar = spinner.then(|| {
+        // Progress only where a person watches: stderr is a terminal (stdout stays the answer).
+        let bar = (spinner && std::io::stderr().is_terminal()).then(|| {
             let bar = indicatif::ProgressBar::new_spinner();
-            bar.set_message("waiting for the environment to become ready");
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+                    .expect("a valid progress template"),
+            );
+            bar.set_message(format!("waiting for {} to become ready", self.binding));
             bar.enable_steady_tick(Duration::from_millis(120));
             bar
         });
@@ -111,11 +117,35 @@ impl Session {
                 .ensure_template(request.clone())
                 .await?
                 .into_inner();
+            if let Some(bar) = &bar {
+                bar.set_message(self.waiting_for().await);
+            }
         }
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
         Ok(())
+    }
+
+    /// What the environment waits for, from its description: phase and not-ready reason.
+    async fn waiting_for(&self) -> String {
+        let request = pb::DescribeEnvironmentRequest {
+            environment: None,
+            owner: Some(self.owner.clone()),
+            binding_id: self.binding.clone(),
+        };
+        match self.client.clone().describe_environment(request).await {
+            Ok(d) => {
+                let d = d.into_inner();
+                let reason = if d.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", d.reason)
+                };
+                format!("waiting for {}: {}{reason}", self.binding, d.phase)
+            }
+            Err(_) => format!("waiting for {} to become ready", self.binding),
+        }
     }
 
     /// The allocation.
