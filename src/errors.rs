@@ -37,6 +37,18 @@ pub enum ErrorCode {
     Internal,
     /// The RPC is not implemented yet.
     Unimplemented,
+    /// No command of this id for this claim (unknown, foreign, or of an earlier claim).
+    CommandNotFound,
+    /// The environment already runs its most concurrent commands.
+    CommandLimit,
+    /// The output streams' bound is reached.
+    StreamLimit,
+    /// The command's stdin buffer is full.
+    StdinFull,
+    /// The command has ended (or has no stdin pipe, or no terminal).
+    CommandEnded,
+    /// The executor's supervisor could not be reached; nothing was changed.
+    ExecutorUnreachable,
 }
 
 impl ErrorCode {
@@ -57,6 +69,12 @@ impl ErrorCode {
             Self::ResourceExhausted => "resource_exhausted",
             Self::Internal => "internal",
             Self::Unimplemented => "unimplemented",
+            Self::CommandNotFound => "command_not_found",
+            Self::CommandLimit => "command_limit",
+            Self::StreamLimit => "stream_limit",
+            Self::StdinFull => "stdin_full",
+            Self::CommandEnded => "command_ended",
+            Self::ExecutorUnreachable => "executor_unreachable",
         }
     }
 
@@ -67,7 +85,7 @@ impl ErrorCode {
 }
 
 /// Every code, in declaration order.
-pub const ALL_CODES: [ErrorCode; 14] = [
+pub const ALL_CODES: [ErrorCode; 20] = [
     ErrorCode::InvalidArgument,
     ErrorCode::Unauthenticated,
     ErrorCode::PermissionDenied,
@@ -82,6 +100,12 @@ pub const ALL_CODES: [ErrorCode; 14] = [
     ErrorCode::ResourceExhausted,
     ErrorCode::Internal,
     ErrorCode::Unimplemented,
+    ErrorCode::CommandNotFound,
+    ErrorCode::CommandLimit,
+    ErrorCode::StreamLimit,
+    ErrorCode::StdinFull,
+    ErrorCode::CommandEnded,
+    ErrorCode::ExecutorUnreachable,
 ];
 
 /// A refusal as the server will send it: a code and whether retrying may help.

@@ -1,8 +1,10 @@
-//! The command-control RPCs of docs/commands.md §6 before the supervisor is wired into the
-//! store: each is authorized read-only (a stale claim is refused as for any data-plane call),
-//! a malformed request is INVALID_ARGUMENT, a well-formed one UNIMPLEMENTED; none writes the
-//! environment or runs anything. A start asking for detach, variables, a working directory,
-//! stdin or a PTY is refused rather than run in the foreground.
+//! The command-control RPCs of docs/commands.md §6 where the executor has no supervisor (a
+//! sandboxed `dev`): each is authorized read-only (a stale claim is refused as for any
+//! data-plane call), a malformed request is INVALID_ARGUMENT, an id the claim never started is
+//! NOT_FOUND `command_not_found`, terminal sessions UNIMPLEMENTED; none writes the environment
+//! or runs anything. A start asking for detach is UNIMPLEMENTED (no supervisor), and one asking
+//! the foreground path for variables, a working directory, stdin or a PTY is refused rather
+//! than run without them. tests/commands_detached.rs covers `dev` with supervisors.
 
 mod common;
 
@@ -113,7 +115,7 @@ async fn exists(client: &mut Client, ctx: &pb::RequestContext, path: &str) -> bo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn command_control_is_authorized_read_only_and_refuses_what_it_cannot_do_yet() {
+async fn command_control_is_authorized_read_only_and_refuses_what_this_executor_cannot_do() {
     let tmp = tempfile::tempdir().unwrap();
     let dev = start_dev(tmp.path()).await;
     let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
@@ -126,16 +128,28 @@ async fn command_control_is_authorized_read_only_and_refuses_what_it_cannot_do_y
 
     let unimplemented = (Code::Unimplemented, "unimplemented".to_owned());
     let invalid = (Code::InvalidArgument, "invalid_argument".to_owned());
+    let absent = (Code::NotFound, "command_not_found".to_owned());
+    let ok = (Code::Ok, String::new());
+    // Follow, stdin and signal of an id this claim never started: absent; an empty list;
+    // terminal sessions (resize, attach) are not built yet.
     assert_eq!(
         control_answers(&mut client, &ctx, false).await,
-        vec![unimplemented.clone(); 6]
+        vec![
+            absent.clone(),
+            absent.clone(),
+            absent,
+            unimplemented.clone(),
+            ok,
+            unimplemented.clone()
+        ]
     );
     assert_eq!(
         control_answers(&mut client, &ctx, true).await,
         vec![invalid.clone(); 6]
     );
 
-    // Starts the foreground path cannot honour: refused, nothing ran.
+    // Starts this sandboxed dev cannot honour (it has no supervisor; the foreground path
+    // takes no variables, directory or stdin; no terminals yet): refused, nothing ran.
     let mut detached = start(&ctx, "touch ran-detached");
     detached.detach = true;
     let mut with_env = start(&ctx, "touch ran-env");

@@ -81,9 +81,10 @@ async fn set_fence(api: &Api<ExecutionEnvironment>, env: &str, state: FenceState
         .unwrap();
 }
 
-/// The claim is current: the stat reached the helper and the query was authorized.
+/// The claim is current: the stat reached the helper and the query was authorized (and then
+/// found no command of that id for this claim).
 fn current(answers: &[(Code, String); 2]) -> bool {
-    answers[0].0 == Code::Ok && answers[1].0 == Code::Unimplemented
+    answers[0].0 == Code::Ok && answers[1] == (Code::NotFound, "command_not_found".to_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,8 +109,8 @@ async fn a_valid_grant_still_needs_the_current_claim_on_a_serving_environment() 
         })
         .await
         .unwrap();
-    // Current: the stat reaches the helper; the status query is authorized, then
-    // UNIMPLEMENTED (DECISIONS 5).
+    // Current: the stat reaches the helper; the status query is authorized, then finds no
+    // command of that id.
     let ok = answers(&mut client, &ctx).await;
     assert!(current(&ok), "{ok:?}");
 

@@ -6,6 +6,7 @@
 //! The spec is written once by the store at creation; the CRD rejects any later change to a
 //! field that was present (CEL transition rules), except `schemaVersion` and `desired`.
 
+mod command_lease;
 mod names;
 mod status;
 mod time;
@@ -13,6 +14,10 @@ mod time;
 use kube::{CustomResource, CustomResourceExt as _, KubeSchema, core::Rule};
 use serde::{Deserialize, Serialize};
 
+pub use command_lease::{
+    CommandEndReason, CommandEndState, CommandLease, CommandLeaseState, CommandOutcome,
+    MAX_COMMAND_LEASES, MAX_RUNNING_COMMANDS,
+};
 pub use names::{
     ENVIRONMENT_NAME_PREFIX, MAX_OBJECT_NAME_BYTES, POD_NAME_PREFIX, PVC_NAME_PREFIX, ledger_key,
     ledger_slots_key, pod_name, pvc_name, template_label,

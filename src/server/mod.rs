@@ -15,6 +15,7 @@
 //! after 2 min idle with a 20 s timeout, and a maximum connection age of 30 min plus 2 min of
 //! grace, so clients reconnect (and re-handshake against the current TLS material) regularly.
 
+pub mod command_convert;
 pub mod connections;
 pub mod convert;
 pub mod file_rules;

@@ -34,17 +34,29 @@ pub fn grpc_code(code: ErrorCode) -> tonic::Code {
         ErrorCode::ResourceExhausted => tonic::Code::ResourceExhausted,
         ErrorCode::Internal => tonic::Code::Internal,
         ErrorCode::Unimplemented => tonic::Code::Unimplemented,
+        ErrorCode::CommandNotFound => tonic::Code::NotFound,
+        ErrorCode::CommandLimit | ErrorCode::StreamLimit | ErrorCode::StdinFull => {
+            tonic::Code::ResourceExhausted
+        }
+        ErrorCode::CommandEnded => tonic::Code::FailedPrecondition,
+        ErrorCode::ExecutorUnreachable => tonic::Code::Unavailable,
     }
 }
 
 /// The gRPC status of a refusal: generic message plus `ErrorDetail{code, retryable}`. Only
-/// `not_ready`, `unauthenticated` and conflicts keep `retryable: true`; anything else flagged
+/// `not_ready`, `unauthenticated`, conflicts and the transient command bounds (`stream_limit`,
+/// `stdin_full`, `executor_unreachable`) keep `retryable: true`; anything else flagged
 /// retryable is sent as not retryable.
 pub fn refusal_status(refusal: WireError) -> tonic::Status {
     let retryable = refusal.retryable
         && matches!(
             refusal.code,
-            ErrorCode::NotReady | ErrorCode::Unauthenticated | ErrorCode::Conflict
+            ErrorCode::NotReady
+                | ErrorCode::Unauthenticated
+                | ErrorCode::Conflict
+                | ErrorCode::StreamLimit
+                | ErrorCode::StdinFull
+                | ErrorCode::ExecutorUnreachable
         );
     let message = if refusal.code == ErrorCode::FenceUnknown {
         FENCE_UNKNOWN_MESSAGE

@@ -126,7 +126,7 @@ pub fn replacement_receipt(o: &ExecutionEnvironment, q: &AdminRequest) -> bool {
         })
 }
 
-/// No live claim, no operation in flight, and healthy.
+/// No live claim, no operation in flight, no command lease open (C4), and healthy.
 pub fn idle(o: &ExecutionEnvironment, q: &AdminRequest, now: std::time::SystemTime) -> bool {
     let status = o.status.as_ref();
     let no_live_claim = status
@@ -134,5 +134,6 @@ pub fn idle(o: &ExecutionEnvironment, q: &AdminRequest, now: std::time::SystemTi
         .is_none_or(|r| r.claim_id.is_empty() || expired_exact_claim(o, q, now));
     no_live_claim
         && status.is_some_and(|s| s.active_operation.is_none())
+        && super::command_leases::none_open(o)
         && super::predicates::healthy(o)
 }

@@ -16,6 +16,9 @@ use crate::metrics::lifecycle::OutcomeLabels;
 /// How many renewal receipts are kept.
 const MAX_RENEW_RECEIPTS: usize = 32;
 
+/// Why an acquisition waits: commands of an earlier claim are not recorded as ended yet.
+const EARLIER_COMMANDS_OPEN: &str = "commands of an earlier claim are still ending";
+
 /// A request to take a claim.
 #[derive(Debug, Clone)]
 pub struct AcquireRequest {
@@ -74,6 +77,17 @@ impl Store {
     }
 
     async fn take_claim(&self, req: &AcquireRequest) -> Result<RunClaim, StoreError> {
+        match self.take_claim_once(req).await {
+            Err(StoreError::NotReady { reason, .. }) if reason == EARLIER_COMMANDS_OPEN => {
+                // The commands of an earlier claim must be ended and recorded first (C2).
+                self.end_stale_claims(&req.env.id).await?;
+                self.take_claim_once(req).await
+            }
+            answer => answer,
+        }
+    }
+
+    async fn take_claim_once(&self, req: &AcquireRequest) -> Result<RunClaim, StoreError> {
         check_ttl(req.ttl)?;
         let env = &req.env;
         let now = self.now();
@@ -138,6 +152,13 @@ impl Store {
             if status.active_operation.is_some() {
                 return Err(StoreError::conflict(&env.id, "an operation is in flight"));
             }
+            if !super::command_leases::none_open(o) {
+                return Err(StoreError::NotReady {
+                    env: env.id.clone(),
+                    reason: EARLIER_COMMANDS_OPEN,
+                    retryable: true,
+                });
+            }
             let epoch = status.epoch.unwrap_or(0);
             let generation = status.grant_generation.unwrap_or(0);
             if epoch < 1 || epoch >= i64::MAX as u64 || generation < 1 {
@@ -189,8 +210,10 @@ impl Store {
             &rc.grant_generation.to_string(),
             &ttl.as_millis().to_string(),
         ]);
-        cas::update_status(&self.api, &env.id, |o| {
+        let mut forward = None;
+        let renewed = cas::update_status(&self.api, &env.id, |o| {
             claim_gates(o, env, caller, self)?;
+            forward = super::commands::renewal_target(self, o, rc);
             let (run, epoch) = valid_claim(o)
                 .filter(|(run, epoch)| claim_matches(o, run, *epoch, rc))
                 .ok_or_else(|| StoreError::conflict(&env.id, "run claim mismatch"))?;
@@ -229,13 +252,17 @@ impl Store {
             status.renew_receipts.drain(..excess);
             Ok(Decision::Write(claim_of(o, &renewed, epoch)))
         })
-        .await
+        .await?;
+        if let Some(target) = forward {
+            self.forward_renewal(target, &renewed).await;
+        }
+        Ok(renewed)
     }
 
     /// Gives the claim back. Releasing when no valid claim exists succeeds.
     pub async fn release_run(&self, caller: &Caller, rc: &ClaimContext) -> Result<(), StoreError> {
         let env = &rc.env;
-        cas::update_status(&self.api, &env.id, |o| {
+        let (ended, written) = cas::update_status_observed(&self.api, &env.id, None, |o| {
             if !creator_matches(o, caller) || o.spec.revision != env.revision {
                 return Err(StoreError::not_found(
                     &env.id,
@@ -246,7 +273,7 @@ impl Store {
                 return Err(StoreError::not_ready(&env.id, "incompatible schema"));
             }
             let Some((run, epoch)) = valid_claim(o) else {
-                return Ok(Decision::Keep(()));
+                return Ok(Decision::Keep(false));
             };
             let status = o.status.get_or_insert_with(Default::default);
             if status.lifecycle_operation.is_some() {
@@ -263,9 +290,20 @@ impl Store {
                 return Err(StoreError::fence(&env.id, "run has an active operation"));
             }
             status.active_run = None;
-            Ok(Decision::Write(()))
+            let owns_commands = status
+                .commands
+                .iter()
+                .any(|l| l.is_open() && l.claim_id == rc.claim_id);
+            Ok(Decision::Write(owns_commands))
         })
-        .await
+        .await?;
+        // The claim has ended: so do its commands (docs/commands.md §5.5). Should the
+        // supervisor be unreachable, its own deadline kills them and the next claim's
+        // acquisition records their ends. A claim without commands costs nothing more.
+        if ended && let Err(error) = self.end_claim_commands_of(&written, &rc.claim_id).await {
+            tracing::warn!(env = %env.id, %error, "claim's commands not ended yet");
+        }
+        Ok(())
     }
 }
 

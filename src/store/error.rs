@@ -74,6 +74,19 @@ pub enum StoreError {
         /// The executor's code.
         code: ErrorCode,
     },
+    /// A supervised command's refusal (docs/commands.md §6 codes): unknown or foreign id,
+    /// command limit, ended, stdin full, supervisor unreachable.
+    #[error("environment {env}: command refused: {reason}")]
+    Command {
+        /// The environment name.
+        env: String,
+        /// The command code.
+        code: ErrorCode,
+        /// Why.
+        reason: &'static str,
+        /// Whether retrying may succeed.
+        retryable: bool,
+    },
     /// The Kubernetes API failed.
     #[error("environment {env}: kubernetes API failed: {source}")]
     Kube {
@@ -97,7 +110,7 @@ impl StoreError {
             Self::FenceUnknown { .. } => ErrorCode::FenceUnknown,
             Self::ClaimExpired { .. } => ErrorCode::ClaimExpired,
             Self::ResourceExhausted { .. } => ErrorCode::ResourceExhausted,
-            Self::Executor { code, .. } => *code,
+            Self::Executor { code, .. } | Self::Command { code, .. } => *code,
             Self::Kube { .. } => ErrorCode::Internal,
         }
     }
@@ -105,7 +118,9 @@ impl StoreError {
     /// The refusal as it goes on the wire.
     pub fn wire(&self) -> WireError {
         let retryable = match self {
-            Self::Conflict { retryable, .. } | Self::NotReady { retryable, .. } => *retryable,
+            Self::Conflict { retryable, .. }
+            | Self::NotReady { retryable, .. }
+            | Self::Command { retryable, .. } => *retryable,
             _ => false,
         };
         WireError {
@@ -135,6 +150,16 @@ impl StoreError {
             (429, _) => "rate_limited",
             (503, _) => "unavailable",
             _ => "other",
+        }
+    }
+
+    pub(crate) fn command(env: &str, code: ErrorCode, reason: &'static str) -> Self {
+        let retryable = matches!(code, ErrorCode::StdinFull | ErrorCode::ExecutorUnreachable);
+        Self::Command {
+            env: env.to_owned(),
+            code,
+            reason,
+            retryable,
         }
     }
 

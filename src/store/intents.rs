@@ -256,7 +256,8 @@ impl Store {
                     ))
                 };
             }
-            if status.active_operation.is_some() || !healthy {
+            let commands_open = status.commands.iter().any(|l| l.is_open());
+            if status.active_operation.is_some() || !healthy || commands_open {
                 return Err(StoreError::conflict(&env.id, "not quiescent"));
             }
             if let Some(run) = &status.active_run

@@ -1,7 +1,8 @@
 //! The store invariants of spec §10 that one status document, or one compare-and-swap
 //! transition, can show. [`crate::store::cas::update_status`] checks every write with
 //! `debug_assert!`, so they hold in every test and simulator run (debug builds); production
-//! builds skip them.
+//! builds skip them. The command-lease invariants [C1]-[C4] are in
+//! [`super::command_invariants`].
 
 use super::intents::MAX_REFERENCES;
 use crate::kube::crd::{ExecutionEnvironment, FenceState};
@@ -43,7 +44,7 @@ pub fn violation(o: &ExecutionEnvironment) -> Option<&'static str> {
     {
         return Some("[29] receipt ledgers are bounded");
     }
-    None
+    super::command_invariants::violation(status)
 }
 
 /// Why a write from `before` to `after` breaks an invariant.
@@ -80,7 +81,7 @@ pub fn transition_violation(
     if was_fenced && healthy_now && !proof_written {
         return Some("[16] only a recovery with a termination proof clears the fence");
     }
-    None
+    super::command_invariants::transition_violation(b, a)
 }
 
 #[cfg(test)]

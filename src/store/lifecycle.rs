@@ -254,6 +254,8 @@ impl Store {
                 observed_at: RfcTime::from_system_time(now),
             });
             if recover {
+                // The exact Pod's end is proven: every supervised command ended with it.
+                super::command_leases::end_all_by_executor_end(status, now);
                 status.active_operation = None;
                 status.active_run = None;
                 status.fence_state = Some(FenceState::Healthy);
@@ -340,6 +342,7 @@ impl Store {
                     .as_ref()
                     .is_none_or(|r| r.claim_id.is_empty())
                 && status.active_operation.is_none()
+                && super::command_leases::none_open(o)
                 && condition_true(o, condition::RETIRED)
                 && condition_true(o, condition::EXECUTOR_TERMINATED);
             if !safe {

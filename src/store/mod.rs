@@ -14,6 +14,10 @@
 pub mod admin;
 pub mod cas;
 pub mod claims;
+pub mod command_invariants;
+pub mod command_leases;
+pub mod command_reads;
+pub mod commands;
 pub mod describe;
 pub mod dispatch;
 pub mod ensure;

@@ -35,7 +35,7 @@ impl Store {
             &expected.to_string(),
         ]);
         let env = &q.env.id;
-        cas::update_status(&self.api, env, |o| {
+        let (next, written) = cas::update_status_observed(&self.api, env, None, |o| {
             admin_subject(o, q)?;
             let status = o.status.get_or_insert_with(Default::default);
             if let Some(receipt) = status
@@ -67,6 +67,11 @@ impl Store {
             status.active_run = None;
             Ok(Decision::Write(next))
         })
-        .await
+        .await?;
+        // Every claim under the old generation has ended: so do its commands (§5.5).
+        if let Err(error) = self.end_stale_claims_of(&written).await {
+            tracing::warn!(env, %error, "revoked claims' commands not ended yet");
+        }
+        Ok(next)
     }
 }

@@ -28,6 +28,11 @@ impl ValidatedClaim {
         &self.observed
     }
 
+    /// The canonical client URI of the caller.
+    pub fn caller_client(&self) -> &str {
+        &self.caller.client
+    }
+
     /// The claim that was validated.
     pub fn context(&self) -> &ClaimContext {
         &self.rc

@@ -26,6 +26,16 @@ pub fn helper_binary() -> PathBuf {
 
 /// Starts `dev` in-process on an ephemeral port with its state in `state_dir`.
 pub async fn start_dev(state_dir: &Path) -> DevProvider {
+    start_dev_with(state_dir, false).await
+}
+
+/// Starts `dev` with `--unsafe-no-isolation`: the helper and the supervisors run as plain
+/// processes (what detached commands need until the sandbox hosts the supervisor).
+pub async fn start_dev_unisolated(state_dir: &Path) -> DevProvider {
+    start_dev_with(state_dir, true).await
+}
+
+async fn start_dev_with(state_dir: &Path, unsafe_no_isolation: bool) -> DevProvider {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = DevArgs {
         state_dir: state_dir.to_owned(),
@@ -35,7 +45,7 @@ pub async fn start_dev(state_dir: &Path) -> DevProvider {
         helper: Some(helper_binary()),
         limits: Default::default(),
         connections: Default::default(),
-        unsafe_no_isolation: false,
+        unsafe_no_isolation,
     };
     execution_provider::cli::dev::start(&args)
         .await

@@ -268,6 +268,7 @@ fn full_status() -> ExecutionEnvironmentStatus {
             renewed_at: at(1_700_000_020),
             expires_at: at(1_700_000_050),
         }),
+        commands: Vec::new(),
         lifecycle_operation: Some(LifecycleOperation {
             id: "replace-2".to_owned(),
             type_: LifecycleType::ReplaceExecutor,

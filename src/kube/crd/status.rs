@@ -70,6 +70,15 @@ pub struct ExecutionEnvironmentStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_operation: Option<ActiveOperation>,
 
+    /// Command leases of supervised commands (docs/commands.md §5.1): at most 32, unique by
+    /// id, at most 16 not ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 32),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"])
+    )]
+    pub commands: Vec<super::CommandLease>,
+
     /// The admitted administrator lifecycle operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle_operation: Option<LifecycleOperation>,

@@ -1,15 +1,16 @@
-//! The command-control RPCs of docs/commands.md §6 that need the executor supervisor:
-//! following output, stdin, signals, resize, listing and interactive sessions.
+//! The command-control RPCs of docs/commands.md §6, served by the executor supervisor through
+//! the store: detached starts, status, cancel, following output, stdin, signals and listing.
 //!
 //! Each runs the whole data-plane authorization chain read-only (context, grant, the durable
-//! run claim) and checks the request's shape, so a caller learns its credentials are good
-//! and its request well formed; then it answers UNIMPLEMENTED, having changed nothing, until
-//! the supervisor is reachable from the store. Grants carry no new operation names: reads
-//! (follow, list) are authorized as `command.status`, interaction (stdin, resize, attach) as
-//! `command.start`, signals as `command.cancel`, so grants minted before these RPCs keep
-//! working.
+//! run claim) and checks the request's shape before the store acts; only a detached start and
+//! a cancel write (their lease). Grants carry no new operation names: reads (status, follow,
+//! list) are authorized as `command.status`, interaction (stdin, resize, attach) as
+//! `command.start`, signals and cancel as `command.cancel`, so grants minted before these
+//! RPCs keep working. Terminal sessions (resize, attach) are not built yet: authorized,
+//! shape-checked, then UNIMPLEMENTED.
 
 use std::pin::Pin;
+use std::time::Duration;
 
 use futures::Stream;
 use tonic::{Request, Response, Status, Streaming};
@@ -17,7 +18,13 @@ use tonic::{Request, Response, Status, Streaming};
 use super::ProviderService;
 use super::auth::refuse;
 use crate::api::pb;
-use crate::errors::ErrorCode;
+use crate::errors::{ErrorCode, WireError};
+use crate::executor::supervisor_protocol::CommandSignal;
+use crate::server::command_convert;
+use crate::server::limiter::Slot;
+use crate::store::command_reads::CommandFollow;
+use crate::store::commands::DetachedStart;
+use crate::store::validate::ValidatedClaim;
 
 /// The stream type of [`pb::CommandOutputEvent`] answers.
 pub type OutputEvents =
@@ -32,24 +39,87 @@ pub const MAX_PTY_DIMENSION: u32 = 1000;
 
 impl ProviderService {
     /// The read-only chain of one command-control call: context, grant for `operation`, the
-    /// current run claim; then `well_formed`, else INVALID_ARGUMENT.
+    /// current run claim (one GET, no write); then `well_formed`, else INVALID_ARGUMENT.
     async fn authorize_command_call<T>(
         &self,
         request: &Request<T>,
         context: Option<&pb::RequestContext>,
         operation: &str,
         well_formed: bool,
-    ) -> Result<(), Status> {
+    ) -> Result<ValidatedClaim, Status> {
         let client = self.client(request)?;
         let (caller, rc) = self.data_plane_context(&client, context, operation)?;
         let policy = self.peer_policy(request, &client);
-        self.store
+        let claim = self
+            .store
             .validate_run_claim_under(&caller, &rc, policy)
             .await?;
         if !well_formed {
             return Err(refuse(ErrorCode::InvalidArgument));
         }
-        Ok(())
+        Ok(claim)
+    }
+
+    /// `StartCommand{detach}`: the lease write, the supervisor's start, the id at once.
+    pub(super) async fn start_detached_command(
+        &self,
+        claim: ValidatedClaim,
+        r: &pb::CommandStartRequest,
+    ) -> Result<Response<pb::CommandStartResponse>, Status> {
+        let start = DetachedStart {
+            command: r.command.clone(),
+            env: r
+                .env
+                .iter()
+                .map(|v| (v.name.clone(), v.value.clone()))
+                .collect(),
+            working_dir: r.working_directory.clone(),
+            timeout_ms: u64::try_from(r.timeout_millis).unwrap_or(0),
+            stdin: r.open_stdin,
+        };
+        let view = self.store.start_detached(claim, start).await?;
+        let status = command_convert::command_view(&view, true);
+        Ok(Response::new(pb::CommandStartResponse {
+            command_id: view.command_id.clone(),
+            state: status.state,
+            result: Some(status),
+        }))
+    }
+
+    pub(super) async fn handle_command_status(
+        &self,
+        request: Request<pb::CommandQueryRequest>,
+    ) -> Result<Response<pb::CommandStatusResponse>, Status> {
+        let r = request.get_ref();
+        let ok = query_well_formed(r);
+        let claim = self
+            .authorize_command_call(&request, r.context.as_ref(), "command.status", ok)
+            .await?;
+        let (offset, max) = (offset_of(r.offset), u64::try_from(r.max_bytes).unwrap_or(0));
+        let (view, detached) = self
+            .store
+            .command_status(&claim, &r.command_id, offset, max)
+            .await?;
+        Ok(Response::new(command_convert::command_view(
+            &view, detached,
+        )))
+    }
+
+    pub(super) async fn handle_cancel_command(
+        &self,
+        request: Request<pb::CommandQueryRequest>,
+    ) -> Result<Response<pb::CommandStatusResponse>, Status> {
+        let r = request.get_ref();
+        let ok = query_well_formed(r);
+        let claim = self
+            .authorize_command_call(&request, r.context.as_ref(), "command.cancel", ok)
+            .await?;
+        let grace = Duration::from_millis(u64::from(r.grace_millis));
+        let view = self
+            .store
+            .cancel_command(claim, &r.command_id, grace)
+            .await?;
+        Ok(Response::new(command_convert::listed(&view, true)))
     }
 
     pub(super) async fn handle_follow_command(
@@ -58,9 +128,20 @@ impl ProviderService {
     ) -> Result<Response<OutputEvents>, Status> {
         let r = request.get_ref();
         let ok = query_well_formed(r);
-        self.authorize_command_call(&request, r.context.as_ref(), "command.status", ok)
+        let claim = self
+            .authorize_command_call(&request, r.context.as_ref(), "command.status", ok)
             .await?;
-        Err(refuse(ErrorCode::Unimplemented))
+        // A stream holds a slot of its own bound, not one of the unary limiter's.
+        let slot = self
+            .streams
+            .try_acquire(claim.caller_client())
+            .ok_or_else(|| Status::from(WireError::retryable(ErrorCode::StreamLimit)))?;
+        let follow = self
+            .store
+            .follow_command(&claim, &r.command_id, offset_of(r.offset))
+            .await?;
+        drop(claim);
+        Ok(Response::new(output_events(follow, slot)))
     }
 
     pub(super) async fn handle_write_command_stdin(
@@ -69,9 +150,17 @@ impl ProviderService {
     ) -> Result<Response<pb::CommandStdinResponse>, Status> {
         let r = request.get_ref();
         let ok = valid_command_id(&r.command_id) && r.data.len() <= MAX_STDIN_CHUNK;
-        self.authorize_command_call(&request, r.context.as_ref(), "command.start", ok)
+        let claim = self
+            .authorize_command_call(&request, r.context.as_ref(), "command.start", ok)
             .await?;
-        Err(refuse(ErrorCode::Unimplemented))
+        let (accepted, open) = self
+            .store
+            .write_command_stdin(&claim, &r.command_id, r.data.clone(), r.close)
+            .await?;
+        Ok(Response::new(pb::CommandStdinResponse {
+            accepted_bytes: i64::try_from(accepted).unwrap_or(i64::MAX),
+            stdin_open: open,
+        }))
     }
 
     pub(super) async fn handle_signal_command(
@@ -79,12 +168,20 @@ impl ProviderService {
         request: Request<pb::CommandSignalRequest>,
     ) -> Result<Response<pb::CommandStatusResponse>, Status> {
         let r = request.get_ref();
-        let ok = valid_command_id(&r.command_id) && known_signal(r.signal);
-        self.authorize_command_call(&request, r.context.as_ref(), "command.cancel", ok)
+        let signal = supervisor_signal(r.signal);
+        let ok = valid_command_id(&r.command_id) && signal.is_some();
+        let claim = self
+            .authorize_command_call(&request, r.context.as_ref(), "command.cancel", ok)
             .await?;
-        Err(refuse(ErrorCode::Unimplemented))
+        let signal = signal.ok_or_else(|| refuse(ErrorCode::InvalidArgument))?;
+        let view = self
+            .store
+            .signal_command(&claim, &r.command_id, signal)
+            .await?;
+        Ok(Response::new(command_convert::listed(&view, true)))
     }
 
+    /// Terminal sessions are not built yet: authorized, shape-checked, then UNIMPLEMENTED.
     pub(super) async fn handle_resize_command(
         &self,
         request: Request<pb::CommandResizeRequest>,
@@ -102,12 +199,21 @@ impl ProviderService {
     ) -> Result<Response<pb::ListCommandsResponse>, Status> {
         let r = request.get_ref();
         let ok = (0..=MAX_LIST_COMMANDS).contains(&r.limit);
-        self.authorize_command_call(&request, r.context.as_ref(), "command.status", ok)
+        let claim = self
+            .authorize_command_call(&request, r.context.as_ref(), "command.status", ok)
             .await?;
-        Err(refuse(ErrorCode::Unimplemented))
+        let limit = usize::try_from(r.limit).unwrap_or(0);
+        let listed = self.store.list_commands(&claim, limit).await?;
+        Ok(Response::new(pb::ListCommandsResponse {
+            commands: listed
+                .iter()
+                .map(|c| command_convert::listed(&c.view, c.detached))
+                .collect(),
+        }))
     }
 
-    /// The first input must open the session; its query is authorized like a follow.
+    /// The first input must open the session; its query is authorized like a follow. PTY
+    /// sessions are not built yet: then UNIMPLEMENTED.
     pub(super) async fn handle_attach_command(
         &self,
         mut request: Request<Streaming<pb::CommandAttachInput>>,
@@ -122,6 +228,44 @@ impl ProviderService {
         self.authorize_command_call(&request, open.context.as_ref(), "command.start", ok)
             .await?;
         Err(refuse(ErrorCode::Unimplemented))
+    }
+}
+
+/// Most output streams (`FollowCommand`) one replica serves at once, and per client.
+pub const MAX_COMMAND_STREAMS: usize = 256;
+/// See [`MAX_COMMAND_STREAMS`].
+pub const MAX_COMMAND_STREAMS_PER_CLIENT: usize = 64;
+
+/// The wire events of a follow, holding its stream slot until the stream ends or is dropped.
+fn output_events(follow: CommandFollow, slot: Slot) -> OutputEvents {
+    let events = futures::stream::unfold(
+        (follow, slot, std::collections::VecDeque::new()),
+        |(mut follow, slot, mut pending)| async move {
+            loop {
+                if let Some(event) = pending.pop_front() {
+                    return Some((Ok(event), (follow, slot, pending)));
+                }
+                match follow.next().await? {
+                    Ok(event) => pending.extend(command_convert::follow_events(event, true)),
+                    Err(error) => return Some((Err(Status::from(error)), (follow, slot, pending))),
+                }
+            }
+        },
+    );
+    Box::pin(events)
+}
+
+fn offset_of(offset: i64) -> u64 {
+    u64::try_from(offset).unwrap_or(0)
+}
+
+fn supervisor_signal(signal: i32) -> Option<CommandSignal> {
+    match pb::CommandSignal::try_from(signal) {
+        Ok(pb::CommandSignal::Int) => Some(CommandSignal::Int),
+        Ok(pb::CommandSignal::Term) => Some(CommandSignal::Term),
+        Ok(pb::CommandSignal::Kill) => Some(CommandSignal::Kill),
+        Ok(pb::CommandSignal::Hup) => Some(CommandSignal::Hup),
+        _ => None,
     }
 }
 
@@ -183,16 +327,6 @@ pub(super) fn valid_command_id(id: &str) -> bool {
 /// A command id and a non-negative offset and bound.
 pub(super) fn query_well_formed(r: &pb::CommandQueryRequest) -> bool {
     valid_command_id(&r.command_id) && r.offset >= 0 && r.max_bytes >= 0 && r.grace_millis <= 60_000
-}
-
-fn known_signal(signal: i32) -> bool {
-    matches!(
-        pb::CommandSignal::try_from(signal),
-        Ok(pb::CommandSignal::Int
-            | pb::CommandSignal::Term
-            | pb::CommandSignal::Kill
-            | pb::CommandSignal::Hup)
-    )
 }
 
 pub(super) fn pty_size_ok(rows: u32, cols: u32) -> bool {

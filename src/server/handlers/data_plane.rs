@@ -80,9 +80,16 @@ impl ProviderService {
         if !super::commands::start_options_well_formed(r) {
             return Err(refuse(ErrorCode::InvalidArgument));
         }
+        if r.pty.is_some() {
+            // Terminal sessions are not built yet: refused, nothing written or run.
+            return Err(refuse(ErrorCode::Unimplemented));
+        }
+        if r.detach {
+            return self.start_detached_command(claim, r).await;
+        }
         if super::commands::needs_supervisor(r) {
-            // Detached, interactive or customised starts need the supervisor; refusing them
-            // here (nothing written, nothing run) keeps a detach from running in the foreground.
+            // A foreground start keeps today's one-shot path, which takes no variables,
+            // directory or stdin; refusing (nothing written, nothing run) beats ignoring them.
             return Err(refuse(ErrorCode::Unimplemented));
         }
         let command_id = self.store.new_command_id();
@@ -99,42 +106,6 @@ impl ProviderService {
             state: status.state,
             result: Some(status),
         }))
-    }
-
-    pub(super) async fn handle_command_status(
-        &self,
-        request: Request<pb::CommandQueryRequest>,
-    ) -> Result<Response<pb::CommandStatusResponse>, Status> {
-        self.handle_detached_control(request, "command.status")
-            .await
-    }
-
-    pub(super) async fn handle_cancel_command(
-        &self,
-        request: Request<pb::CommandQueryRequest>,
-    ) -> Result<Response<pb::CommandStatusResponse>, Status> {
-        self.handle_detached_control(request, "command.cancel")
-            .await
-    }
-
-    /// CommandStatus / CancelCommand: the data-plane chain first, then UNIMPLEMENTED
-    /// (DECISIONS 5): commands are foreground only.
-    async fn handle_detached_control(
-        &self,
-        request: Request<pb::CommandQueryRequest>,
-        operation: &str,
-    ) -> Result<Response<pb::CommandStatusResponse>, Status> {
-        let client = self.client(&request)?;
-        let r = request.get_ref();
-        let (caller, rc) = self.data_plane_context(&client, r.context.as_ref(), operation)?;
-        let policy = self.peer_policy(&request, &client);
-        self.store
-            .validate_run_claim_under(&caller, &rc, policy)
-            .await?;
-        if r.command_id.is_empty() || r.offset < 0 {
-            return Err(refuse(ErrorCode::InvalidArgument));
-        }
-        Err(refuse(ErrorCode::Unimplemented))
     }
 
     /// The store's policy check for this call.

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use crate::api::pb;
 use crate::api::pb::execution_provider_service_server::ExecutionProviderService;
 use crate::security::Security;
+use crate::server::limiter::RpcLimiter;
 use crate::store::Store;
 
 /// Capabilities every template offers.
@@ -34,12 +35,23 @@ pub const CAPABILITIES: [&str; 2] = ["filesystem", "foreground-command"];
 pub struct ProviderService {
     store: Store,
     security: Security,
+    /// The bound of open output streams, apart from the unary limiter (docs/commands.md §6).
+    streams: RpcLimiter,
 }
 
 impl ProviderService {
     /// A service over `store`, authorizing against `security`.
     pub fn new(store: Store, security: Security) -> Self {
-        Self { store, security }
+        let streams = RpcLimiter::new(
+            commands::MAX_COMMAND_STREAMS,
+            commands::MAX_COMMAND_STREAMS_PER_CLIENT,
+        )
+        .expect("the stream bounds are valid");
+        Self {
+            store,
+            security,
+            streams,
+        }
     }
 }
 

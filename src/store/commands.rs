@@ -1,0 +1,531 @@
+//! Supervised commands, the written part (docs/commands.md §5): a detached start is one
+//! compare-and-swap adding a `Running` lease, then the supervisor's `start`; a cancel moves the
+//! lease `Running → Cancelling`, asks the supervisor, and records the proven end; a claim's end
+//! (release, revocation, a new claim after expiry) ends the claim's commands at the supervisor
+//! and records every outcome in one write; a renewal is forwarded to the supervisor.
+//!
+//! Leases are held by the claim, not by a replica, so nothing here renews anything while a
+//! command runs. The read-only calls (status, follow, stdin, signals, list) are in
+//! [`super::command_reads`].
+
+use std::fmt;
+use std::time::Duration;
+
+use super::cas::{self, Decision};
+use super::command_leases::{self as leases, find, find_owned, open_count, tuple_of};
+use super::predicates::{
+    active, claim_current, creator_matches, env_ref, healthy, published, ready, schema_current,
+    template_retained,
+};
+use super::validate::ValidatedClaim;
+use super::{ClaimContext, RunClaim, Store, StoreError};
+use crate::errors::ErrorCode;
+use crate::executor::protocol::ErrorCode as HelperCode;
+use crate::executor::supervisor_protocol::{
+    CommandView, MAX_LEASE, MAX_WINDOW, StartRequest, SupervisorReply, SupervisorRequest,
+};
+use crate::executor::transport::{
+    ExecutorTarget, SupervisorSession, SupervisorTarget, TransportError,
+};
+use crate::kube::crd::{
+    CommandEndReason, CommandEndState, CommandLeaseState, ExecutionEnvironment, FenceState,
+    MAX_RUNNING_COMMANDS,
+};
+
+/// What a detached start asks for beyond its shell text.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct DetachedStart {
+    /// Shell text for `/bin/sh -c`.
+    pub command: String,
+    /// Variables for the command only.
+    pub env: Vec<(String, String)>,
+    /// Relative to the workspace root.
+    pub working_dir: String,
+    /// 0: none (the claim bounds the command).
+    pub timeout_ms: u64,
+    /// Give the command a stdin pipe.
+    pub stdin: bool,
+}
+
+impl fmt::Debug for DetachedStart {
+    /// Variable values never reach logs or traces.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DetachedStart")
+            .field("command_bytes", &self.command.len())
+            .field("env_count", &self.env.len())
+            .field("working_dir", &self.working_dir)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("stdin", &self.stdin)
+            .finish()
+    }
+}
+
+impl Store {
+    /// The supervisor of the environment's recorded executor Pod.
+    pub(super) fn supervisor_target(
+        &self,
+        o: &ExecutionEnvironment,
+    ) -> Result<SupervisorTarget, StoreError> {
+        let env = o.metadata.name.clone().unwrap_or_default();
+        let pod = o.status.as_ref().and_then(|s| s.pod.clone());
+        let Some(pod) = pod.filter(|p| !p.name.is_empty()) else {
+            return Err(StoreError::NotReady {
+                env,
+                reason: "executor pod not recorded",
+                retryable: true,
+            });
+        };
+        Ok(SupervisorTarget {
+            executor: ExecutorTarget {
+                namespace: self.namespace.clone(),
+                pod_name: pod.name,
+                environment: env,
+            },
+            pod_uid: pod.uid,
+        })
+    }
+
+    /// An authenticated session with `target`'s supervisor. An executor without one answers
+    /// UNIMPLEMENTED; an unreachable one UNAVAILABLE `executor_unreachable`.
+    pub(super) async fn session(
+        &self,
+        target: &SupervisorTarget,
+    ) -> Result<SupervisorSession, StoreError> {
+        let env = &target.executor.environment;
+        match self.executor.supervisor(target).await {
+            Ok(session) => Ok(session),
+            Err(TransportError::Unsupported) => Err(StoreError::command(
+                env,
+                ErrorCode::Unimplemented,
+                "executor has no supervisor",
+            )),
+            Err(error) => {
+                tracing::warn!(env, %error, "supervisor unreachable");
+                Err(unreachable(env))
+            }
+        }
+    }
+
+    /// One request and its reply over a fresh session.
+    pub(super) async fn supervisor_call(
+        &self,
+        target: &SupervisorTarget,
+        request: &SupervisorRequest,
+    ) -> Result<SupervisorReply, StoreError> {
+        let mut session = self.session(target).await?;
+        session.call(request).await.map_err(|error| {
+            tracing::warn!(env = %target.executor.environment, %error, "supervisor call failed");
+            unreachable(&target.executor.environment)
+        })
+    }
+
+    /// `StartCommand{detach}`: one write adding a `Running` lease under the validated claim,
+    /// then the supervisor's `start`; answers the command as it stands at once. A start the
+    /// supervisor refuses definitively ends its lease (a second write); one without an answer
+    /// stays `Running` until its claim's end seals it.
+    pub async fn start_detached(
+        &self,
+        claim: ValidatedClaim,
+        start: DetachedStart,
+    ) -> Result<CommandView, StoreError> {
+        let ValidatedClaim {
+            caller,
+            rc,
+            observed,
+            policy,
+        } = claim;
+        let env = rc.env.id.clone();
+        let window = self.detached_bounds(&observed, &start)?;
+        let target = self.supervisor_target(&observed)?;
+        // Opening a session starts nothing: an executor without a supervisor writes nothing.
+        let mut session = self.session(&target).await?;
+        let id = self.new_command_id();
+        let now = self.now();
+        let expires = observed
+            .status
+            .as_ref()
+            .and_then(|s| s.active_run.as_ref())
+            .map(|r| r.expires_at.to_system_time());
+        cas::update_status_from(&self.api, &env, Some(observed), |o| {
+            if !creator_matches(o, &caller) {
+                return Err(StoreError::not_found(&env, "creator or owner differs"));
+            }
+            if !schema_current(o) || !template_retained(o, &self.templates) {
+                return Err(StoreError::not_ready(
+                    &env,
+                    "schema or template unavailable",
+                ));
+            }
+            let status = o.status.clone().unwrap_or_default();
+            if status.lifecycle_operation.is_some() {
+                return Err(StoreError::not_ready(&env, "lifecycle in progress"));
+            }
+            if !published(o, &rc.binding_id) {
+                return Err(StoreError::not_found(&env, "published reference not found"));
+            }
+            if !claim_current(o, &rc, now) {
+                return Err(StoreError::conflict(&env, "run claim is not current"));
+            }
+            if env_ref(o) != rc.env || !active(o) || !ready(o) || !healthy(o) {
+                return Err(StoreError::not_ready(&env, "not ready at requested epoch"));
+            }
+            if status.pod.as_ref().map(|p| (&p.name, &p.uid))
+                != Some((&target.executor.pod_name, &target.pod_uid))
+            {
+                return Err(StoreError::conflict(&env, "executor pod changed"));
+            }
+            if !policy.current(&o.spec.template_id) {
+                return Err(StoreError::not_ready(&env, "client policy withdrawn"));
+            }
+            if find(o, &id).is_some() {
+                return Ok(Decision::Keep(()));
+            }
+            if open_count(&status) >= MAX_RUNNING_COMMANDS {
+                return Err(StoreError::command(
+                    &env,
+                    ErrorCode::CommandLimit,
+                    "too many running commands",
+                ));
+            }
+            let status = o.status.get_or_insert_with(Default::default);
+            leases::push(status, leases::new_lease(&id, &rc, true, now));
+            Ok(Decision::Write(()))
+        })
+        .await?;
+        let lease_ms = expires
+            .and_then(|e| e.duration_since(now).ok())
+            .unwrap_or_default()
+            .min(MAX_LEASE);
+        let request = SupervisorRequest::Start(StartRequest {
+            command_id: id.clone(),
+            claim: tuple_of(&rc),
+            lease_ms: u64::try_from(lease_ms.as_millis()).unwrap_or(1).max(1),
+            command: start.command,
+            env: start.env,
+            working_dir: start.working_dir,
+            timeout_ms: start.timeout_ms,
+            stdin: start.stdin,
+            pty: None,
+            window_bytes: window,
+        });
+        let reply = session.call(&request).await.map_err(|error| {
+            tracing::warn!(env, %error, command = id, "start without an answer");
+            unreachable(&env)
+        })?;
+        match reply {
+            SupervisorReply::Status(view) => Ok(view),
+            SupervisorReply::Error(error) => {
+                let code = match error.code {
+                    HelperCode::ResourceExhausted => ErrorCode::CommandLimit,
+                    HelperCode::InvalidArgument | HelperCode::NotFound => {
+                        ErrorCode::InvalidArgument
+                    }
+                    // Anything else may have started something: the claim's end decides.
+                    _ => return Err(unreachable(&env)),
+                };
+                self.end_refused_start(&env, &id).await;
+                Err(StoreError::command(
+                    &env,
+                    code,
+                    "supervisor refused the start",
+                ))
+            }
+            _ => Err(unreachable(&env)),
+        }
+    }
+
+    /// The template's bounds on a detached start; answers the retained output window.
+    fn detached_bounds(
+        &self,
+        o: &ExecutionEnvironment,
+        start: &DetachedStart,
+    ) -> Result<u64, StoreError> {
+        let env = o.metadata.name.as_deref().unwrap_or_default();
+        let revision = self
+            .templates
+            .retained_revision(&o.spec.template_id, &o.spec.template_revision)
+            .map_err(|_| StoreError::not_ready(env, "template definition unavailable"))?;
+        let spec = revision.execution();
+        if start.command.len() as u64 > spec.max_command_bytes() {
+            return Err(StoreError::ResourceExhausted {
+                env: env.to_owned(),
+                reason: "command exceeds the template bound",
+            });
+        }
+        if start.timeout_ms > spec.max_command_duration_millis() {
+            return Err(StoreError::InvalidArgument(
+                "command timeout exceeds the template bound",
+            ));
+        }
+        Ok(spec.max_command_bytes().min(MAX_WINDOW as u64))
+    }
+
+    async fn end_refused_start(&self, env: &str, id: &str) {
+        let now = self.now();
+        let ended = cas::update_status(&self.api, env, |o| {
+            let status = o.status.get_or_insert_with(Default::default);
+            if leases::end(status, id, leases::refused(now)) {
+                Ok(Decision::Write(()))
+            } else {
+                Ok(Decision::Keep(()))
+            }
+        })
+        .await;
+        if let Err(error) = ended {
+            tracing::warn!(env, %error, command = id, "could not end a refused start's lease");
+        }
+    }
+
+    /// `CancelCommand`: `Running → Cancelling` (written), the supervisor's cancel (SIGTERM,
+    /// `grace`, SIGKILL, proof), then `Ended` with the outcome (written). An ended command
+    /// answers its recorded outcome; a foreign or unknown id is `command_not_found`.
+    pub async fn cancel_command(
+        &self,
+        claim: ValidatedClaim,
+        id: &str,
+        grace: Duration,
+    ) -> Result<CommandView, StoreError> {
+        let ValidatedClaim { rc, observed, .. } = claim;
+        let env = rc.env.id.clone();
+        let lease = find_owned(&observed, id, &rc).ok_or_else(|| not_found(&env))?;
+        if let Some(view) = leases::view_of_ended(lease) {
+            return Ok(view);
+        }
+        let target = self.supervisor_target(&observed)?;
+        let cancel_id = self.runtime.ids.hex(16);
+        let now = self.now();
+        let marked = cas::update_status_from(&self.api, &env, Some(observed), |o| {
+            let Some(lease) = find_owned(o, id, &rc) else {
+                return Err(not_found(&env));
+            };
+            if let Some(view) = leases::view_of_ended(lease) {
+                return Ok(Decision::Keep(Some(view)));
+            }
+            if lease.state == CommandLeaseState::Cancelling {
+                return Ok(Decision::Keep(None));
+            }
+            if !claim_current(o, &rc, now) {
+                return Err(StoreError::conflict(&env, "run claim is not current"));
+            }
+            let status = o.status.get_or_insert_with(Default::default);
+            if let Some(lease) = status.commands.iter_mut().find(|l| l.id == id) {
+                lease.state = CommandLeaseState::Cancelling;
+                lease.cancel_operation_id = Some(cancel_id.clone());
+            }
+            Ok(Decision::Write(None))
+        })
+        .await?;
+        if let Some(view) = marked {
+            return Ok(view);
+        }
+        let request = SupervisorRequest::Cancel {
+            command_id: id.to_owned(),
+            claim: tuple_of(&rc),
+            grace_ms: u64::try_from(grace.as_millis()).unwrap_or(0),
+        };
+        let view = match self.supervisor_call(&target, &request).await? {
+            SupervisorReply::Status(view) => view,
+            SupervisorReply::Error(_) => {
+                // The supervisor does not know it (never started, or a new boot): its journal,
+                // sealed, says which.
+                let entry = self.sealed_journal(&target, id).await?;
+                let outcome = leases::outcome_of_journal(
+                    entry.as_ref(),
+                    CommandEndReason::Cancelled,
+                    self.now(),
+                );
+                let view = CommandView {
+                    command_id: id.to_owned(),
+                    state: crate::executor::protocol::CommandState::Failed,
+                    exit_code: outcome.exit_code,
+                    ..CommandView::default()
+                };
+                self.record_ends(&env, vec![(id.to_owned(), outcome)])
+                    .await?;
+                return Ok(view);
+            }
+            _ => return Err(unreachable(&env)),
+        };
+        let outcome = leases::outcome_of(&view, CommandEndReason::Cancelled, self.now());
+        self.record_ends(&env, vec![(id.to_owned(), outcome)])
+            .await?;
+        Ok(view)
+    }
+
+    /// The journal entry of `id`, sealed so that a start still in flight can no longer run.
+    pub(super) async fn sealed_journal(
+        &self,
+        target: &SupervisorTarget,
+        id: &str,
+    ) -> Result<Option<crate::executor::supervisor_protocol::JournalEntry>, StoreError> {
+        let request = SupervisorRequest::Journal {
+            command_id: id.to_owned(),
+            seal: true,
+        };
+        match self.supervisor_call(target, &request).await? {
+            SupervisorReply::Journal { entry } => Ok(entry),
+            _ => Err(unreachable(&target.executor.environment)),
+        }
+    }
+
+    /// Records ends in one write; an end that is not proven fences the environment (something
+    /// of the command may still run).
+    pub(super) async fn record_ends(
+        &self,
+        env: &str,
+        ends: Vec<(String, crate::kube::crd::CommandOutcome)>,
+    ) -> Result<(), StoreError> {
+        cas::update_status(&self.api, env, |o| {
+            let status = o.status.get_or_insert_with(Default::default);
+            let mut changed = false;
+            for (id, outcome) in &ends {
+                let unproven = outcome.state == CommandEndState::FenceUnknown;
+                if leases::end(status, id, outcome.clone()) {
+                    changed = true;
+                    if unproven {
+                        status.fence_state = Some(FenceState::FenceUnknown);
+                    }
+                }
+            }
+            Ok(if changed {
+                Decision::Write(())
+            } else {
+                Decision::Keep(())
+            })
+        })
+        .await
+    }
+
+    /// Ends every open command of `claim_id` at the supervisor and records the outcomes in
+    /// one write (docs/commands.md §5.5). Nothing to do (no open lease of that claim) costs
+    /// one read and no write.
+    pub async fn end_claim_commands(&self, env: &str, claim_id: &str) -> Result<(), StoreError> {
+        let Some(o) = cas::get(&self.api, env).await.ok().flatten() else {
+            return Ok(());
+        };
+        self.end_claim_commands_of(&o, claim_id).await
+    }
+
+    pub(super) async fn end_claim_commands_of(
+        &self,
+        o: &ExecutionEnvironment,
+        claim_id: &str,
+    ) -> Result<(), StoreError> {
+        let env = o.metadata.name.clone().unwrap_or_default();
+        let open: Vec<String> = o
+            .status
+            .iter()
+            .flat_map(|s| s.commands.iter())
+            .filter(|l| l.is_open() && l.claim_id == claim_id)
+            .map(|l| l.id.clone())
+            .collect();
+        if open.is_empty() {
+            return Ok(());
+        }
+        let target = self.supervisor_target(o)?;
+        let request = SupervisorRequest::EndClaim {
+            claim_id: claim_id.to_owned(),
+            grace_ms: 0,
+        };
+        let views = match self.supervisor_call(&target, &request).await? {
+            SupervisorReply::StatusList { commands } => commands,
+            _ => return Err(unreachable(&env)),
+        };
+        let mut ends = Vec::new();
+        for id in open {
+            let now = self.now();
+            let outcome = match views.iter().find(|v| v.command_id == id) {
+                Some(view) => leases::outcome_of(view, CommandEndReason::ClaimEnded, now),
+                None => {
+                    let entry = self.sealed_journal(&target, &id).await?;
+                    leases::outcome_of_journal(entry.as_ref(), CommandEndReason::ClaimEnded, now)
+                }
+            };
+            ends.push((id, outcome));
+        }
+        self.record_ends(&env, ends).await
+    }
+
+    /// Ends the commands of every claim but the current, unexpired one: what a new claim
+    /// needs before it may take the environment (C2).
+    pub(super) async fn end_stale_claims(&self, env: &str) -> Result<(), StoreError> {
+        let Some(o) = cas::get(&self.api, env).await.ok().flatten() else {
+            return Ok(());
+        };
+        self.end_stale_claims_of(&o).await
+    }
+
+    /// [`Store::end_stale_claims`] on an object just read or written; no open lease costs
+    /// nothing.
+    pub(super) async fn end_stale_claims_of(
+        &self,
+        o: &ExecutionEnvironment,
+    ) -> Result<(), StoreError> {
+        let o = o.clone();
+        let now = self.now();
+        let current = super::predicates::valid_claim(&o)
+            .filter(|(run, _)| now < run.expires_at.to_system_time())
+            .map(|(run, _)| run.claim_id);
+        for claim_id in leases::open_claims(&o) {
+            if Some(&claim_id) != current.as_ref() {
+                self.end_claim_commands_of(&o, &claim_id).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forwards a recorded renewal to the supervisor (no write), best effort: a supervisor
+    /// that misses it kills at the old deadline, the conservative side.
+    pub(super) async fn forward_renewal(&self, target: SupervisorTarget, claim: &RunClaim) {
+        let now = self.now();
+        let lease = claim
+            .expires_at
+            .duration_since(now)
+            .unwrap_or_default()
+            .min(MAX_LEASE);
+        let request = SupervisorRequest::Renew {
+            claim: crate::executor::supervisor_protocol::ClaimTuple {
+                claim_id: claim.claim_id.clone(),
+                run_id: claim.run_id.clone(),
+                epoch: claim.epoch,
+                grant_generation: claim.grant_generation,
+            },
+            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(1).max(1),
+        };
+        match self.supervisor_call(&target, &request).await {
+            Ok(SupervisorReply::Renewed { .. }) => {}
+            other => tracing::warn!(env = %claim.env.id, ?other, "renewal not forwarded"),
+        }
+    }
+}
+
+/// The supervisor of an environment with open leases of `rc`'s claim, for a renewal to reach.
+pub(super) fn renewal_target(
+    store: &Store,
+    o: &ExecutionEnvironment,
+    rc: &ClaimContext,
+) -> Option<SupervisorTarget> {
+    let owns = o
+        .status
+        .as_ref()?
+        .commands
+        .iter()
+        .any(|l| l.is_open() && leases::owned_by(l, rc));
+    owns.then(|| store.supervisor_target(o).ok()).flatten()
+}
+
+pub(super) fn not_found(env: &str) -> StoreError {
+    StoreError::command(
+        env,
+        ErrorCode::CommandNotFound,
+        "no such command for this claim",
+    )
+}
+
+pub(super) fn unreachable(env: &str) -> StoreError {
+    StoreError::command(
+        env,
+        ErrorCode::ExecutorUnreachable,
+        "supervisor unreachable",
+    )
+}
