@@ -17,7 +17,8 @@ use prometheus_client::registry::Registry;
 use super::latency_histogram;
 use crate::executor::protocol::{ExecutorEnvelope, ExecutorRequest, Operation};
 use crate::executor::transport::{
-    BoxFuture, CancelSignal, ExecutorTarget, ExecutorTransport, TransportError,
+    BoxFuture, CancelSignal, ExecutorTarget, ExecutorTransport, SupervisorSession,
+    SupervisorTarget, TransportError,
 };
 use crate::runtime::clock::Clock;
 
@@ -103,6 +104,15 @@ struct MeteredTransport {
 }
 
 impl ExecutorTransport for MeteredTransport {
+    /// Sessions are not metered; they must reach the inner transport (the trait's default
+    /// would answer "unsupported").
+    fn supervisor<'a>(
+        &'a self,
+        target: &'a SupervisorTarget,
+    ) -> BoxFuture<'a, Result<SupervisorSession, TransportError>> {
+        self.inner.supervisor(target)
+    }
+
     fn execute<'a>(
         &'a self,
         target: &'a ExecutorTarget,
