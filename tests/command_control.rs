@@ -2,7 +2,7 @@
 //! sandboxed `dev`): each is authorized read-only (a stale claim is refused as for any
 //! data-plane call), a malformed request is INVALID_ARGUMENT, an id the claim never started is
 //! NOT_FOUND `command_not_found`, terminal sessions UNIMPLEMENTED; none writes the environment
-//! or runs anything. A start asking for detach is UNIMPLEMENTED (no supervisor), and one asking
+//! or runs anything. A start asking
 //! the foreground path for variables, a working directory, stdin or a PTY is refused rather
 //! than run without them. tests/commands_detached.rs covers `dev` with supervisors.
 
@@ -148,10 +148,8 @@ async fn command_control_is_authorized_read_only_and_refuses_what_this_executor_
         vec![invalid.clone(); 6]
     );
 
-    // Starts this sandboxed dev cannot honour (it has no supervisor; the foreground path
-    // takes no variables, directory or stdin; no terminals yet): refused, nothing ran.
-    let mut detached = start(&ctx, "touch ran-detached");
-    detached.detach = true;
+    // Starts the foreground path cannot honour (it takes no variables, directory or stdin;
+    // no terminals yet): refused, nothing ran.
     let mut with_env = start(&ctx, "touch ran-env");
     with_env.env.push(pb::CommandEnvVar {
         name: "TOKEN".into(),
@@ -163,7 +161,7 @@ async fn command_control_is_authorized_read_only_and_refuses_what_this_executor_
     with_stdin.open_stdin = true;
     let mut with_pty = start(&ctx, "touch ran-pty");
     with_pty.pty = Some(pb::PtySize { rows: 24, cols: 80 });
-    for request in [detached, with_env, with_dir, with_stdin, with_pty] {
+    for request in [with_env, with_dir, with_stdin, with_pty] {
         assert_eq!(outcome(client.start_command(request).await), unimplemented);
     }
     let mut bad_name = start(&ctx, "touch ran-bad");
@@ -184,14 +182,7 @@ async fn command_control_is_authorized_read_only_and_refuses_what_this_executor_
         assert_eq!(outcome(client.start_command(request).await), invalid);
     }
     assert_eq!(version().await, before, "no refusal wrote the environment");
-    for marker in [
-        "ran-detached",
-        "ran-env",
-        "ran-dir",
-        "ran-stdin",
-        "ran-pty",
-        "ran-bad",
-    ] {
+    for marker in ["ran-env", "ran-dir", "ran-stdin", "ran-pty", "ran-bad"] {
         assert!(
             !exists(&mut client, &ctx, marker).await,
             "{marker} must not have run"
