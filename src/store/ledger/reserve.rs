@@ -125,13 +125,19 @@ impl Ledger {
             }
             for shard in &mut shards {
                 if shard.entry.slots.len() < shard_capacity(r.limit, count, shard.index) {
-                    return self.place(r, shard, home).await;
+                    if self.place(r, shard, home).await? {
+                        return Ok(());
+                    }
+                    continue 'round;
                 }
             }
             for shard in &mut shards {
                 let (freed, changed) = self.tidy(r, &mut shard.entry, EXHAUSTED_CHECKS).await?;
                 if freed > 0 {
-                    return self.place(r, shard, home).await;
+                    if self.place(r, shard, home).await? {
+                        return Ok(());
+                    }
+                    continue 'round;
                 }
                 if changed && !self.save(env, r.template_id, shard).await? {
                     continue 'round;
@@ -143,22 +149,18 @@ impl Ledger {
     }
 
     /// Records the slot in `shard`, which has room (dropping the home mark when it is the
-    /// home); a lost race is a retryable conflict.
+    /// home); `false` when another writer won the shard (the caller starts a new round).
     async fn place(
         &self,
         r: &Reservation<'_>,
         shard: &mut Shard,
         home: usize,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         if shard.index == home {
             shard.entry.overflow.remove(r.name);
         }
         shard.entry.record(r.name, r.deadline);
-        if self.save(r.name, r.template_id, shard).await? {
-            Ok(())
-        } else {
-            Err(busy(r.name))
-        }
+        self.save(r.name, r.template_id, shard).await
     }
 
     /// Checks up to `budget` slots of `entry` whose creates can no longer land (oldest
