@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use execution_provider::kube::crd::{ledger_key, template_label};
+use execution_provider::kube::crd::{ledger_key, ledger_slots_key, template_label};
 use serde_json::{Value, json};
 
 use super::{chart, find, objects, render};
@@ -105,7 +105,11 @@ fn emptied(live: &mut Value) {
     live["pods"] = json!([]);
     live["pvcs"] = json!([]);
     live["environments"] = json!([]);
-    live["ledger"]["data"] = json!({ ledger_key("default"): "[]" });
+    live["ledger"]["data"] = json!({
+        ledger_key("default"): "[]",
+        ledger_slots_key("default"): r#"{"slots":[]}"#,
+    });
+    live["ledgerShards"] = json!([{"data": { ledger_slots_key("default"): r#"{"slots":[]}"# }}]);
 }
 
 type Edit = fn(&mut Value);
@@ -233,6 +237,44 @@ pub fn each_upgrade_guard_refuses_its_case(helm: &Path) {
             "a prune with ledger slots",
             pruning.clone(),
             |l| l["ledger"]["data"] = json!({ ledger_key("default"): "[\"env-a\"]" }),
+            vec!["--set-json", &prune],
+            "every entry empty",
+        ),
+        (
+            "a prune with a slot of the sharded format in the root",
+            pruning.clone(),
+            |l| {
+                l["ledger"]["data"][ledger_slots_key("default")] =
+                    Value::from(r#"{"slots":[["env-a",0]]}"#);
+            },
+            vec!["--set-json", &prune],
+            "every entry empty",
+        ),
+        (
+            "a prune with a slot held only in a shard beside the root",
+            pruning.clone(),
+            |l| {
+                l["ledgerShards"] = json!([{}, {}, {"data": {
+                    ledger_slots_key("default"): r#"{"slots":[["env-a",1800000030]]}"#
+                }}]);
+            },
+            vec!["--set-json", &prune],
+            "every entry empty",
+        ),
+        (
+            "a prune with an overflow name in a shard",
+            pruning.clone(),
+            |l| {
+                l["ledgerShards"][0]["data"][ledger_slots_key("default")] =
+                    Value::from(r#"{"slots":[],"overflow":["env-a"]}"#);
+            },
+            vec!["--set-json", &prune],
+            "every entry empty",
+        ),
+        (
+            "a prune with a ledger entry that does not parse",
+            pruning.clone(),
+            |l| l["ledger"]["data"][ledger_slots_key("default")] = Value::from("{not json"),
             vec!["--set-json", &prune],
             "every entry empty",
         ),

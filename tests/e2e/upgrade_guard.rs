@@ -5,7 +5,9 @@
 //! executor NetworkPolicies left are orphans, and without them too the retained environment
 //! makes the render refuse to bootstrap.
 
-use execution_provider::kube::crd::{ExecutionEnvironment, LEDGER_CONFIGMAP_NAME, ledger_key};
+use execution_provider::kube::crd::{
+    ExecutionEnvironment, LEDGER_CONFIGMAP_NAME, ledger_slots_key,
+};
 use kube::Api;
 
 use crate::cluster::{CHART_DIR, Cluster, repo_root, run};
@@ -77,7 +79,9 @@ pub async fn the_upgrade_guard_sees_the_live_namespace(cluster: Cluster) {
         upgrade(cluster, ns, &["--set-json", &prune]).await,
         "capacity ledger present with every entry empty",
     );
-    let emptied = serde_json::json!({"data": {ledger_key(&env.spec.template_id): "[]"}});
+    // The template's limit fits the root shard, so its one slot is there.
+    let emptied =
+        serde_json::json!({"data": {ledger_slots_key(&env.spec.template_id): r#"{"slots":[]}"#}});
     cluster
         .kubectl(&[
             "patch",

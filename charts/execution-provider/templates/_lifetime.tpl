@@ -4,6 +4,7 @@
   state. Call with (dict "root" $ "live" $live); $live holds:
     deployment, templatesMap, legacyProfiles, manifestMap, authorityMap, ledger, executorAccount:
       the object of that name, or an empty dict;
+    ledgerShards: the ledger's shards 1 … 15 (each an object or an empty dict);
     pods, pvcs, environments, networkPolicies: lists of the namespace's objects.
   It fails the render; it creates nothing.
 */ -}}
@@ -23,9 +24,21 @@
 {{- range $live.pvcs -}}
   {{- if hasKey (.metadata.labels | default dict) $environmentLabel -}}{{- $workloadPVCs = append $workloadPVCs . -}}{{- end -}}
 {{- end -}}
+{{- /* A slot anywhere in the ledger (the root or any shard) is in use: a `.slots` entry with a slot
+     or an overflow name, an entry that does not parse (refuse rather than guess), or an entry of
+     the format before sharding (a JSON array of names) other than an empty one. */ -}}
 {{- $ledgerInUse := false -}}
-{{- range $key, $names := ($live.ledger.data | default dict) -}}
-  {{- if ne $names "[]" -}}{{- $ledgerInUse = true -}}{{- end -}}
+{{- range $map := prepend ($live.ledgerShards | default list) ($live.ledger | default dict) -}}
+  {{- range $key, $value := (($map | default dict).data | default dict) -}}
+    {{- if hasSuffix ".slots" $key -}}
+      {{- $entry := fromJson $value -}}
+      {{- if or (hasKey $entry "Error") ($entry.slots | default list) ($entry.overflow | default list) -}}
+        {{- $ledgerInUse = true -}}
+      {{- end -}}
+    {{- else if ne $value "[]" -}}
+      {{- $ledgerInUse = true -}}
+    {{- end -}}
+  {{- end -}}
 {{- end -}}
 {{- $prune := $root.Values.maintenance.pruneRevisions | default dict -}}
 {{- $policies := dict -}}
