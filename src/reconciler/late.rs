@@ -4,11 +4,12 @@
 //! finalizer and deletes the object with UID and resourceVersion preconditions. A void object
 //! that somehow carries a status or runtime identity is left alone and reported.
 
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::Api;
 
 use super::Next;
 use super::error::ReconcileError;
-use crate::kube::crd::{ENVIRONMENT_FINALIZER, ExecutionEnvironment};
+use super::removal::{RemovalConflicts, remove_finalizer_and_delete};
+use crate::kube::crd::ExecutionEnvironment;
 
 /// Removes the void environment `env`.
 pub async fn remove_landed_late(
@@ -28,42 +29,9 @@ pub async fn remove_landed_late(
         });
     }
     tracing::warn!(env = %name, "removing an environment whose create landed after its deadline");
-    let conflict = |what| ReconcileError::Conflict {
-        env: name.clone(),
-        what,
+    let conflicts = RemovalConflicts {
+        finalizer: "void environment changed before its finalizer was removed",
+        delete: "void environment changed before it was deleted",
     };
-    let mut live = env.clone();
-    let finalizers = live.metadata.finalizers.get_or_insert_with(Vec::new);
-    if finalizers.iter().any(|f| f == ENVIRONMENT_FINALIZER) {
-        finalizers.retain(|f| f != ENVIRONMENT_FINALIZER);
-        live = match envs.replace(&name, &PostParams::default(), &live).await {
-            Ok(updated) => updated,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Next::Wait),
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                return Err(conflict(
-                    "void environment changed before its finalizer was removed",
-                ));
-            }
-            Err(e) => {
-                return Err(ReconcileError::kube(&name, "remove environment finalizer")(
-                    e,
-                ));
-            }
-        };
-    }
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: live.metadata.uid.clone(),
-            resource_version: live.metadata.resource_version.clone(),
-        }),
-        ..DeleteParams::default()
-    };
-    match envs.delete(&name, &params).await {
-        Ok(_) => Ok(Next::Wait),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Next::Wait),
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            Err(conflict("void environment changed before it was deleted"))
-        }
-        Err(e) => Err(ReconcileError::kube(&name, "delete environment")(e)),
-    }
+    remove_finalizer_and_delete(envs, &name, env.clone(), &conflicts).await
 }

@@ -22,6 +22,7 @@ mod phases;
 pub mod pod;
 pub mod preflight;
 pub mod pvc;
+mod removal;
 pub mod render;
 mod retained;
 mod revoke;

@@ -4,14 +4,14 @@
 //! step gets a conflict and never re-adds the finalizer.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Preconditions};
 
 use super::error::ReconcileError;
+use super::removal::{RemovalConflicts, remove_finalizer_and_delete};
 use super::status::{Observation, fence_error, guarded};
 use super::{Context, Next, ledger};
 use crate::kube::crd::{
-    ConditionStatus, ENVIRONMENT_FINALIZER, ExecutionEnvironment, LifecycleOperation,
-    LifecyclePhase, condition, pvc_name,
+    ConditionStatus, ExecutionEnvironment, LifecycleOperation, LifecyclePhase, condition, pvc_name,
 };
 use crate::metrics::FenceReason;
 
@@ -107,7 +107,7 @@ async fn release_slot(
         env: name.clone(),
         what,
     };
-    let Some(mut live) = envs
+    let Some(live) = envs
         .get_opt(&name)
         .await
         .map_err(ReconcileError::kube(&name, "read environment"))?
@@ -127,37 +127,9 @@ async fn release_slot(
         return Err(conflict("environment changed before its slot was released"));
     }
     ledger::release(ctx, &env.spec.template_id, &name).await?;
-    let finalizers = live.metadata.finalizers.get_or_insert_with(Vec::new);
-    if finalizers.iter().any(|f| f == ENVIRONMENT_FINALIZER) {
-        finalizers.retain(|f| f != ENVIRONMENT_FINALIZER);
-        live = match envs.replace(&name, &PostParams::default(), &live).await {
-            Ok(updated) => updated,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Next::Wait),
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                return Err(conflict(
-                    "environment changed before its finalizer was removed",
-                ));
-            }
-            Err(e) => {
-                return Err(ReconcileError::kube(&name, "remove environment finalizer")(
-                    e,
-                ));
-            }
-        };
-    }
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: live.metadata.uid.clone(),
-            resource_version: live.metadata.resource_version.clone(),
-        }),
-        ..DeleteParams::default()
+    let conflicts = RemovalConflicts {
+        finalizer: "environment changed before its finalizer was removed",
+        delete: "environment changed before it was deleted",
     };
-    match envs.delete(&name, &params).await {
-        Ok(_) => Ok(Next::Wait),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Next::Wait),
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            Err(conflict("environment changed before it was deleted"))
-        }
-        Err(e) => Err(ReconcileError::kube(&name, "delete environment")(e)),
-    }
+    remove_finalizer_and_delete(envs, &name, live, &conflicts).await
 }
