@@ -197,19 +197,7 @@ async fn command_control_is_authorized_read_only_and_refuses_what_this_executor_
     assert!(exists(&mut client, &ctx, "ran-foreground").await);
 
     // A released claim is refused before any shape check, like every data-plane call.
-    client
-        .release_run(pb::ReleaseRunRequest {
-            environment: Some(env.clone()),
-            owner: Some(owner()),
-            binding_id: "ctl".into(),
-            run_id: claim.run_id.clone(),
-            claim_id: claim.claim_id.clone(),
-            epoch: claim.epoch,
-            operation_id: "release-1".into(),
-            grant_generation: claim.grant_generation,
-        })
-        .await
-        .unwrap();
+    common::release(&mut client, "ctl", &env, &claim).await;
     let released = version().await;
     for bad in [false, true] {
         let answers = control_answers(&mut client, &ctx, bad).await;

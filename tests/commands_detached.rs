@@ -316,19 +316,7 @@ async fn sixteen_run_at_once_and_a_claims_release_ends_them_for_good() {
     .await;
     assert!(!workspace.join("ran-17th").exists());
 
-    client
-        .release_run(pb::ReleaseRunRequest {
-            environment: Some(env.clone()),
-            owner: Some(owner()),
-            binding_id: "many".into(),
-            run_id: claim.run_id.clone(),
-            claim_id: claim.claim_id.clone(),
-            epoch: claim.epoch,
-            operation_id: "release-1".into(),
-            grant_generation: claim.grant_generation,
-        })
-        .await
-        .unwrap();
+    common::release(&mut client, "many", &env, &claim).await;
     for id in &ids {
         let recorded = lease(&api, &env.id, id).await;
         assert_eq!(recorded["state"], "Ended", "{recorded}");

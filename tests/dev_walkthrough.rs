@@ -62,19 +62,7 @@ async fn a_client_ensures_claims_runs_a_command_and_reads_the_file_it_wrote() {
     assert_eq!(file.data, b"hello from the sandbox\n");
     assert_eq!(file.version.len(), 64);
 
-    client
-        .release_run(pb::ReleaseRunRequest {
-            environment: Some(env.clone()),
-            owner: Some(owner()),
-            binding_id: "walkthrough".into(),
-            run_id: claim.run_id.clone(),
-            claim_id: claim.claim_id.clone(),
-            epoch: claim.epoch,
-            operation_id: "release-1".into(),
-            grant_generation: claim.grant_generation,
-        })
-        .await
-        .unwrap();
+    common::release(&mut client, "walkthrough", &env, &claim).await;
     let stale = client
         .files(pb::FileRequest {
             context: Some(context("walkthrough", &claim)),
@@ -328,19 +316,7 @@ async fn the_walk_is_counted_by_method_and_code_on_the_metrics_endpoint() {
         ..Default::default()
     };
     client.start_command(command(&claim)).await.unwrap();
-    client
-        .release_run(pb::ReleaseRunRequest {
-            environment: Some(env.clone()),
-            owner: Some(owner()),
-            binding_id: "metrics".into(),
-            run_id: claim.run_id.clone(),
-            claim_id: claim.claim_id.clone(),
-            epoch: claim.epoch,
-            operation_id: "release-1".into(),
-            grant_generation: claim.grant_generation,
-        })
-        .await
-        .unwrap();
+    common::release(&mut client, "metrics", &env, &claim).await;
     let stale = client.start_command(command(&claim)).await.unwrap_err();
     assert_eq!(stale.code(), tonic::Code::Aborted);
 

@@ -96,19 +96,7 @@ async fn a_data_plane_call_needs_a_grant_bound_exactly_to_its_current_claim() {
     );
 
     // A valid grant without a current durable claim does not dispatch either.
-    client
-        .release_run(pb::ReleaseRunRequest {
-            environment: Some(env.clone()),
-            owner: Some(owner()),
-            binding_id: "grants".into(),
-            run_id: claim.run_id.clone(),
-            claim_id: claim.claim_id.clone(),
-            epoch: claim.epoch,
-            operation_id: "release-1".into(),
-            grant_generation: claim.grant_generation,
-        })
-        .await
-        .unwrap();
+    common::release(&mut client, "grants", &env, &claim).await;
     let stale = read(&mut client, context("grants", &claim))
         .await
         .unwrap_err();

@@ -210,6 +210,28 @@ pub fn context(binding: &str, claim: &pb::RunClaimResponse) -> pb::RequestContex
     }
 }
 
+/// Releases `claim` (operation id `release-1`), which must succeed.
+pub async fn release(
+    client: &mut Client,
+    binding: &str,
+    env: &pb::EnvironmentRef,
+    claim: &pb::RunClaimResponse,
+) {
+    client
+        .release_run(pb::ReleaseRunRequest {
+            environment: Some(env.clone()),
+            owner: Some(owner()),
+            binding_id: binding.into(),
+            run_id: claim.run_id.clone(),
+            claim_id: claim.claim_id.clone(),
+            epoch: claim.epoch,
+            operation_id: "release-1".into(),
+            grant_generation: claim.grant_generation,
+        })
+        .await
+        .unwrap();
+}
+
 /// Takes a run claim.
 pub async fn acquire(
     client: &mut Client,
