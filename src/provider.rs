@@ -14,6 +14,7 @@ use crate::runtime::net::Net;
 use crate::security::Security;
 use crate::server::{self, ProviderService, ServeError};
 use crate::store::Store;
+use crate::store::command_authority::CommandWarden;
 use crate::templates::TemplateRegistry;
 
 /// Everything the provider reads the world through.
@@ -139,6 +140,12 @@ pub async fn run_with<N: Net>(
         deps.runtime.clone(),
     )
     .with_metrics(deps.metrics.lifecycle().clone());
+    // Detached commands whose claim lapses are ended by the reconciler's passes, judging the
+    // claim's client by this replica's security state (docs/commands.md §5.5).
+    reconciler.watch_commands(CommandWarden::new(
+        store.clone(),
+        Arc::new(deps.security.clone()),
+    ));
     let (stop_serving, serving_stopped) = Shutdown::new();
     let stop_serving = Arc::new(stop_serving);
     let reconciling = tokio::spawn({

@@ -8,22 +8,96 @@
 //! (tests/command_control.rs covers that it then refuses a detach without running it).
 
 mod common;
+mod security;
 
 use std::time::Duration;
 
 use common::*;
 use execution_provider::api::pb;
-use execution_provider::cli::dev::DEV_NAMESPACE;
-use execution_provider::kube::crd::ExecutionEnvironment;
+use execution_provider::cli::dev::{DEV_NAMESPACE, DevProvider};
+use execution_provider::cli::state_dir::DEV_CLIENT_URI;
+use execution_provider::kube::crd::{
+    ExecutionEnvironment, ExecutionEnvironmentStatus, FenceState, RfcTime,
+};
+use execution_provider::security::grant::{GrantBinding, GrantEnvironment};
 use execution_provider::server::status::error_detail;
-use kube::api::Api;
+use execution_provider::store::naming::owner_hash;
+use kube::api::{Api, PostParams};
 use tonic::Code;
+
+/// The issuer of the test owners.
+const ISSUER: &str = "https://issuer.test";
 
 fn code_of(status: &tonic::Status) -> (Code, String) {
     (
         status.code(),
         error_detail(status).map(|d| d.code).unwrap_or_default(),
     )
+}
+
+/// Everything a refusal tells its caller: the gRPC code, the message and the detail's code.
+fn refusal(status: &tonic::Status) -> (Code, String, String) {
+    (
+        status.code(),
+        status.message().to_owned(),
+        error_detail(status).map(|d| d.code).unwrap_or_default(),
+    )
+}
+
+/// The refusal of every per-command call (status, follow, stdin, signal, cancel) for `id`
+/// under `ctx`.
+async fn refusals(
+    client: &mut Client,
+    ctx: &pb::RequestContext,
+    id: &str,
+) -> Vec<(&'static str, (Code, String, String))> {
+    let status = client.command_status(query(ctx, id, 0)).await.unwrap_err();
+    let follow = match client.follow_command(query(ctx, id, 0)).await {
+        Err(refused) => refused,
+        Ok(stream) => stream
+            .into_inner()
+            .message()
+            .await
+            .expect_err("the follow is refused"),
+    };
+    let stdin = client
+        .write_command_stdin(pb::CommandStdinRequest {
+            context: Some(ctx.clone()),
+            command_id: id.into(),
+            data: b"x".to_vec(),
+            close: false,
+        })
+        .await
+        .unwrap_err();
+    let signal = client
+        .signal_command(pb::CommandSignalRequest {
+            context: Some(ctx.clone()),
+            command_id: id.into(),
+            signal: pb::CommandSignal::Kill as i32,
+        })
+        .await
+        .unwrap_err();
+    let cancel = client.cancel_command(query(ctx, id, 0)).await.unwrap_err();
+    vec![
+        ("status", refusal(&status)),
+        ("follow", refusal(&follow)),
+        ("stdin", refusal(&stdin)),
+        ("signal", refusal(&signal)),
+        ("cancel", refusal(&cancel)),
+    ]
+}
+
+/// Under `ctx`, the command `existing` looks exactly like the absent `absent` to every
+/// per-command call.
+async fn assert_absent_everywhere(
+    client: &mut Client,
+    ctx: &pb::RequestContext,
+    existing: &str,
+    absent: &str,
+) {
+    let seen = refusals(client, ctx, existing).await;
+    let expected = refusals(client, ctx, absent).await;
+    assert_eq!(seen, expected, "{existing} must look absent");
 }
 
 fn detached(ctx: &pb::RequestContext, command: &str) -> pb::CommandStartRequest {
@@ -354,22 +428,21 @@ async fn sixteen_run_at_once_and_a_claims_release_ends_them_for_good() {
         .unwrap()
         .into_inner();
     let later = context("many", &next);
-    let absent = (Code::NotFound, "command_not_found".to_owned());
-    let status = client
-        .command_status(query(&later, &ids[0], 0))
-        .await
-        .unwrap_err();
-    assert_eq!(code_of(&status), absent);
-    let cancel = client
-        .cancel_command(query(&later, &ids[1], 0))
-        .await
-        .unwrap_err();
-    assert_eq!(code_of(&cancel), absent);
-    let unknown = client
-        .command_status(query(&later, "no-such-id", 0))
-        .await
-        .unwrap_err();
-    assert_eq!(code_of(&unknown), absent);
+    // What a truly absent command answers this caller, call by call: the earlier claim's
+    // commands answer exactly that (code, message and detail), and so does a foreign caller,
+    // for an id that exists and for one that does not.
+    assert_absent_everywhere(&mut client, &later, &ids[0], "no-such-id").await;
+    assert_absent_everywhere(&mut client, &later, &ids[1], "no-such-id").await;
+    assert_eq!(
+        refusal(
+            &client
+                .command_status(query(&later, "no-such-id", 0))
+                .await
+                .unwrap_err()
+        )
+        .2,
+        "command_not_found"
+    );
     let listed = client
         .list_commands(pb::ListCommandsRequest {
             context: Some(later.clone()),
@@ -384,15 +457,307 @@ async fn sixteen_run_at_once_and_a_claims_release_ends_them_for_good() {
     );
     let mut foreign = later.clone();
     foreign.owner = Some(pb::Owner {
-        issuer: "https://issuer.test".into(),
+        issuer: ISSUER.into(),
         subject: "mallory".into(),
     });
-    let foreign = client
-        .command_status(query(&foreign, &ids[0], 0))
+    assert_absent_everywhere(&mut client, &foreign, &ids[0], "no-such-id").await;
+    // With a grant the provider signed for that other owner, the caller passes the grant
+    // check and is refused by the environment's owner: the same for both ids again.
+    let signed_foreign = signed(&dev, foreign.clone(), &owner_hash(ISSUER, "mallory"));
+    assert_absent_everywhere(&mut client, &signed_foreign, &ids[0], "no-such-id").await;
+    let foreign_list = client
+        .list_commands(pb::ListCommandsRequest {
+            context: Some(foreign.clone()),
+            limit: 0,
+        })
         .await
         .unwrap_err();
-    assert!(
-        matches!(foreign.code(), Code::NotFound | Code::PermissionDenied),
-        "{foreign:?}"
+    let foreign_absent = client
+        .command_status(query(&foreign, "no-such-id", 0))
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(&foreign_list), refusal(&foreign_absent));
+}
+
+/// Edits the environment's status directly in the API server (what no store write would do:
+/// the tests set up states of the tuple the store itself never writes).
+async fn doctor(
+    api: &Api<ExecutionEnvironment>,
+    env: &str,
+    edit: impl FnOnce(&mut ExecutionEnvironmentStatus),
+) {
+    let mut o = api.get(env).await.unwrap();
+    edit(o.status.as_mut().unwrap());
+    api.replace_status(env, &PostParams::default(), &o)
+        .await
+        .unwrap();
+}
+
+/// `ctx` with a grant the provider signed for exactly its fields and `owner_hash`.
+fn signed(dev: &DevProvider, ctx: pb::RequestContext, owner_hash: &str) -> pb::RequestContext {
+    let env = ctx.environment.clone().unwrap();
+    let (grant, _) = dev
+        .security
+        .sign_grant(GrantBinding {
+            client: DEV_CLIENT_URI.into(),
+            owner: owner_hash.into(),
+            binding_id: ctx.binding_id.clone(),
+            run_id: ctx.run_id.clone(),
+            claim_id: ctx.claim_id.clone(),
+            environment: GrantEnvironment {
+                id: env.id,
+                revision: env.revision,
+            },
+            epoch: ctx.epoch,
+            grant_generation: ctx.grant_generation,
+        })
+        .unwrap();
+    pb::RequestContext { grant, ..ctx }
+}
+
+/// `ctx` moved to `epoch` and `generation`, with a grant the provider signed for exactly that.
+async fn moved_context(
+    dev: &DevProvider,
+    api: &Api<ExecutionEnvironment>,
+    ctx: &pb::RequestContext,
+    epoch: u64,
+    generation: u64,
+) -> pb::RequestContext {
+    let o = api
+        .get(&ctx.environment.as_ref().unwrap().id)
+        .await
+        .unwrap();
+    let moved = pb::RequestContext {
+        epoch,
+        grant_generation: generation,
+        ..ctx.clone()
+    };
+    signed(dev, moved, &o.spec.owner_hash)
+}
+
+/// The pid a command wrote to `name` in the workspace.
+async fn pid_in(workspace: &std::path::Path, name: &str) -> i32 {
+    let path = workspace.join(name);
+    eventually(Duration::from_secs(10), "the pid file", || {
+        let path = path.clone();
+        async move { std::fs::read_to_string(path).ok()?.trim().parse().ok() }
+    })
+    .await
+}
+
+/// Waits until the lease `id` is recorded ended and answers it.
+async fn recorded_end(api: &Api<ExecutionEnvironment>, env: &str, id: &str) -> serde_json::Value {
+    eventually(Duration::from_secs(60), "the recorded end", || async {
+        let recorded = lease(api, env, id).await;
+        (recorded["state"] == "Ended").then_some(recorded)
+    })
+    .await
+}
+
+/// The lease ended because its claim's authority ended, with its end proven: cancelled with
+/// a receipt, and the process gone.
+fn assert_ended_by_its_claim(recorded: &serde_json::Value, pid: i32) {
+    assert_eq!(recorded["outcome"]["reason"], "ClaimEnded", "{recorded}");
+    assert_eq!(recorded["outcome"]["state"], "Cancelled", "{recorded}");
+    assert_eq!(
+        recorded["outcome"]["terminalReceipt"]
+            .as_str()
+            .map(str::len),
+        Some(64),
+        "the end is proven: {recorded}"
     );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "command {pid} outlived its claim"
+    );
+}
+
+struct Running {
+    tmp: tempfile::TempDir,
+    dev: DevProvider,
+    client: Client,
+    api: Api<ExecutionEnvironment>,
+    env: pb::EnvironmentRef,
+    ctx: pb::RequestContext,
+    /// The detached `sleep` started under the claim.
+    id: String,
+    pid: i32,
+}
+
+/// A `dev` environment whose claim (of `ttl_millis`) runs one detached `sleep 600`.
+async fn running(binding: &str, ttl_millis: i64) -> Running {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev_unisolated(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, binding)
+        .await
+        .environment
+        .unwrap();
+    let api: Api<ExecutionEnvironment> = Api::namespaced(dev.kube.clone(), DEV_NAMESPACE);
+    let claim = client
+        .acquire_run(pb::AcquireRunRequest {
+            environment: Some(env.clone()),
+            owner: Some(owner()),
+            binding_id: binding.into(),
+            run_id: "run-1".into(),
+            operation_id: "acquire-1".into(),
+            ttl_millis,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ctx = context(binding, &claim);
+    let id = start(&mut client, detached(&ctx, "echo $$ > pid; exec sleep 600")).await;
+    let pid = pid_in(&tmp.path().join("workspaces").join(&env.id), "pid").await;
+    Running {
+        tmp,
+        dev,
+        client,
+        api,
+        env,
+        ctx,
+        id,
+        pid,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_of_another_epoch_or_generation_looks_absent_at_the_provider_and_the_supervisor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev_unisolated(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "tuple")
+        .await
+        .environment
+        .unwrap();
+    let api: Api<ExecutionEnvironment> = Api::namespaced(dev.kube.clone(), DEV_NAMESPACE);
+    // A generation before the claim's must exist: the claim is taken under generation 2.
+    doctor(&api, &env.id, |s| s.grant_generation = Some(2)).await;
+    let claim = acquire(&mut client, "tuple", &env).await;
+    let ctx = context("tuple", &claim);
+    assert_eq!((claim.epoch, claim.grant_generation), (2, 2));
+    let older_epoch = start(&mut client, detached(&ctx, "sleep 600")).await;
+    let older_generation = start(&mut client, detached(&ctx, "sleep 600")).await;
+    let own = start(&mut client, detached(&ctx, "sleep 600")).await;
+
+    // The provider's check: a lease recorded under an older epoch, or an older generation,
+    // than the claim presented is not that claim's, although the supervisor started it under
+    // exactly the presented tuple (so only the provider can refuse it here).
+    doctor(&api, &env.id, |s| {
+        for l in &mut s.commands {
+            if l.id == older_epoch {
+                l.epoch -= 1;
+            }
+            if l.id == older_generation {
+                l.grant_generation -= 1;
+            }
+        }
+    })
+    .await;
+    assert_absent_everywhere(&mut client, &ctx, &older_epoch, "no-such-id").await;
+    assert_absent_everywhere(&mut client, &ctx, &older_generation, "no-such-id").await;
+    client
+        .command_status(query(&ctx, &own, 0))
+        .await
+        .expect("the claim's own lease answers");
+
+    // The supervisor's check: the status moves the environment, its claim and every lease
+    // to the next epoch (then also the next generation), and the caller presents exactly
+    // that with a valid grant: the provider's checks pass, and the supervisor, which started
+    // the command under the earlier tuple, answers what it answers for an unknown id.
+    for (epoch, generation) in [(3, 2), (3, 3)] {
+        doctor(&api, &env.id, |s| {
+            s.epoch = Some(epoch);
+            s.grant_generation = Some(generation);
+            let run = s.active_run.as_mut().unwrap();
+            run.epoch = epoch;
+            run.grant_generation = generation;
+            for l in &mut s.commands {
+                l.epoch = epoch;
+                l.grant_generation = generation;
+            }
+        })
+        .await;
+        let moved = moved_context(&dev, &api, &ctx, epoch, generation).await;
+        client
+            .list_commands(pb::ListCommandsRequest {
+                context: Some(moved.clone()),
+                limit: 0,
+            })
+            .await
+            .expect("the moved claim is current to the provider");
+        assert_absent_everywhere(&mut client, &moved, &own, "no-such-id").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_expiry_ends_its_commands_proven_and_recorded() {
+    // The shortest claim there is (30 s); nothing renews it.
+    let r = running("expiry", 30_000).await;
+    let mut client = r.client.clone();
+    let status = client
+        .command_status(query(&r.ctx, &r.id, 0))
+        .await
+        .unwrap();
+    assert_eq!(status.into_inner().state, pb::CommandState::Running as i32);
+    let recorded = recorded_end(&r.api, &r.env.id, &r.id).await;
+    assert_ended_by_its_claim(&recorded, r.pid);
+    r.dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withdrawing_the_template_from_the_claims_client_policy_ends_its_commands() {
+    let r = running("policy", 300_000).await;
+    security::edit_manifest(r.tmp.path(), |m| {
+        m["clients"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("executionTemplates");
+    });
+    security::reload(&r.dev).await;
+    let recorded = recorded_end(&r.api, &r.env.id, &r.id).await;
+    assert_ended_by_its_claim(&recorded, r.pid);
+    r.dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_ends_the_commands_of_the_environment() {
+    let r = running("fence", 300_000).await;
+    doctor(&r.api, &r.env.id, |s| {
+        s.fence_state = Some(FenceState::FenceUnknown);
+    })
+    .await;
+    let recorded = recorded_end(&r.api, &r.env.id, &r.id).await;
+    assert_ended_by_its_claim(&recorded, r.pid);
+    r.dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_over_an_expired_claim_first_ends_its_commands() {
+    let mut r = running("replace", 300_000).await;
+    // The claim has expired as far as the status says (the supervisor's own deadline is
+    // minutes away): a replacement may take it over, once its commands are ended.
+    doctor(&r.api, &r.env.id, |s| {
+        // Taken for 300 s a moment ago: 301 s earlier is past.
+        let run = s.active_run.as_mut().unwrap();
+        let past = run.expires_at.to_system_time() - Duration::from_secs(301);
+        run.expires_at = RfcTime::from_system_time(past);
+    })
+    .await;
+    let status = r.api.get(&r.env.id).await.unwrap().status.unwrap();
+    r.client
+        .replace_executor(pb::ReplaceExecutorRequest {
+            environment: Some(r.env.clone()),
+            owner: Some(owner()),
+            expected_execution_epoch: status.epoch.unwrap(),
+            expected_pod_uid: status.pod.unwrap().uid,
+            expected_pvc_uid: status.pvc.unwrap().uid,
+            operation_id: "replace-1".into(),
+        })
+        .await
+        .expect("admitted once the expired claim's commands ended");
+    let recorded = lease(&r.api, &r.env.id, &r.id).await;
+    assert_eq!(recorded["state"], "Ended", "{recorded}");
+    assert_ended_by_its_claim(&recorded, r.pid);
+    r.dev.stop().await.unwrap();
 }

@@ -39,6 +39,21 @@ fn active_operation(id: &str) -> execution_provider::kube::crd::ActiveOperation 
     .unwrap()
 }
 
+/// A lease of claim `c` in `state` (`Running` or `Ended`).
+fn command_lease(id: &str, state: &str) -> execution_provider::kube::crd::CommandLease {
+    let mut lease = serde_json::json!({
+        "id": id, "claimID": "c", "runID": "r", "epoch": 1, "grantGeneration": 1,
+        "detached": true, "startedAt": "2027-01-15T08:00:00Z", "state": state,
+    });
+    if state == "Ended" {
+        lease["outcome"] = serde_json::json!({
+            "state": "Succeeded", "exitCode": 0, "endedAt": "2027-01-15T08:00:01Z",
+            "reason": "Exited",
+        });
+    }
+    serde_json::from_value(lease).unwrap()
+}
+
 /// An environment as the reconciler leaves it: provisioned, Ready, with a lifecycle op.
 async fn base(world: &World) -> ExecutionEnvironment {
     let mut env = world.create_env(&registry()).await;
@@ -54,7 +69,7 @@ async fn only_fields_a_decision_depends_on_enqueue_an_updated_environment() {
     let world = World::new().await;
     let env = base(&world).await;
     type Edit = fn(&mut ExecutionEnvironment);
-    let relevant: [(&str, Edit); 10] = [
+    let relevant: [(&str, Edit); 11] = [
         ("generation", |e| e.metadata.generation = Some(2)),
         ("deletionTimestamp", |e| {
             e.metadata.deletion_timestamp = Some(Time(Default::default()))
@@ -88,6 +103,9 @@ async fn only_fields_a_decision_depends_on_enqueue_an_updated_environment() {
         ("fenceState cleared", |e| {
             e.status.as_mut().unwrap().fence_state = None
         }),
+        ("a claim's first open command", |e| {
+            e.status.as_mut().unwrap().commands = vec![command_lease("cmd-1", "Running")]
+        }),
     ];
     for (what, edit) in relevant {
         let mut changed = env.clone();
@@ -118,6 +136,21 @@ async fn only_fields_a_decision_depends_on_enqueue_an_updated_environment() {
             e.metadata.resource_version = Some("999".to_owned())
         }),
     ];
+    // Once a claim owns an open command, its further commands and their ends do not enqueue
+    // again until the last one ends: the set of claims with open commands is what counts.
+    let mut commanding = env.clone();
+    commanding.status.as_mut().unwrap().commands = vec![command_lease("cmd-1", "Running")];
+    let mut second = commanding.clone();
+    second
+        .status
+        .as_mut()
+        .unwrap()
+        .commands
+        .push(command_lease("cmd-2", "Running"));
+    assert!(!update_enqueues(&commanding, &second), "a second command");
+    let mut ended = commanding.clone();
+    ended.status.as_mut().unwrap().commands = vec![command_lease("cmd-1", "Ended")];
+    assert!(update_enqueues(&commanding, &ended), "the claim's last end");
     for (what, edit) in controller_owned {
         let mut changed = env.clone();
         edit(&mut changed);

@@ -3,7 +3,9 @@
 //!
 //! * An environment is reconciled when it first appears, and afterwards only when something a
 //!   decision depends on changed: its generation, deletionTimestamp, finalizers, `spec`, or the
-//!   status subtrees `activeOperation`, `lifecycleOperation`, `references` and `fenceState`.
+//!   status subtrees `activeOperation`, `lifecycleOperation`, `references` and `fenceState`,
+//!   and the set of claims that own open command leases (so that a claim's first detached
+//!   command puts the environment under the command warden's eye, docs/commands.md §5.5).
 //!   What the reconciler itself writes (`status.pod`, `status.pvc`, conditions, the epoch, the
 //!   observed generation) does not enqueue on its own, so its own writes never loop back.
 //! * A labelled Pod or PVC event (add, update, delete) enqueues the environment its
@@ -36,6 +38,7 @@ pub fn trigger_view(env: &ExecutionEnvironment) -> Value {
         "references": part(status.and_then(|s| serde_json::to_value(&s.references).ok())),
         "fenceState": part(status.and_then(|s| s.fence_state.as_ref())
             .and_then(|f| serde_json::to_value(f).ok())),
+        "commandClaims": crate::store::command_leases::open_claims(env),
     })
 }
 

@@ -28,11 +28,27 @@ use condition::reason;
 /// Reconciles the live state of `name`.
 pub async fn reconcile(ctx: &Context, name: &str) -> Result<Next, ReconcileError> {
     let envs = Api::<ExecutionEnvironment>::namespaced(ctx.client.clone(), &ctx.config.namespace);
-    let Some(env) = cas::get(&envs, name).await? else {
+    let Some(mut env) = cas::get(&envs, name).await? else {
         return Ok(Next::Wait);
     };
+    // First the commands whose claim lapsed (docs/commands.md §5.5): before a revoked
+    // template's executor is stopped, so that their ends are proven by the supervisor.
+    let mut recheck = None;
+    if let Some(warden) = ctx.commands.get() {
+        let enforced = warden.enforce(&env).await;
+        recheck = enforced.recheck;
+        if enforced.wrote {
+            let Some(written) = cas::get(&envs, name).await? else {
+                return Ok(Next::Wait);
+            };
+            env = written;
+        }
+    }
     let next = reconcile_env(&envs, ctx, &env).await?;
-    Ok(next)
+    Ok(match recheck {
+        Some(after) => next.at_most(after),
+        None => next,
+    })
 }
 
 async fn reconcile_env(

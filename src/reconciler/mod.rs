@@ -108,6 +108,9 @@ pub struct Context {
     runtime: Runtime,
     lifecycle: LifecycleMetrics,
     metrics: ReconcileMetrics,
+    /// Ends supervised commands whose claim lapsed (docs/commands.md §5.5); none: this
+    /// reconciler runs without a store (tests, tools), and no command is judged.
+    commands: std::sync::OnceLock<crate::store::command_authority::CommandWarden>,
 }
 
 /// One reconciler per provider process.
@@ -157,6 +160,7 @@ impl Reconciler {
                 runtime,
                 lifecycle,
                 metrics,
+                commands: std::sync::OnceLock::new(),
             },
             init: OnceCell::new(),
             synced: Default::default(),
@@ -225,6 +229,13 @@ impl Reconciler {
     /// What reconciles share (for the status writers of [`status`]).
     pub fn context(&self) -> &Context {
         &self.ctx
+    }
+
+    /// From now on every pass of an environment with open command leases ends the commands
+    /// whose claim lapsed, through `warden` (the provider sets it once its store exists; a
+    /// second call changes nothing).
+    pub fn watch_commands(&self, warden: crate::store::command_authority::CommandWarden) {
+        let _ = self.ctx.commands.set(warden);
     }
 
     /// Reconciles one environment by name (what the work queue calls).

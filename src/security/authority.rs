@@ -285,6 +285,17 @@ impl Security {
         authority.snapshot.admit(&uri).ok_or(unauthenticated)
     }
 
+    /// Whether the client whose canonical URI hashes to `client_hash` is admitted by the
+    /// allowlist in force now and may use `template_id` (`None` when no authority is in force
+    /// here): the standing policy of a detached command's claim, which no call re-presents.
+    pub fn client_allows_template(&self, client_hash: &str, template_id: &str) -> Option<bool> {
+        let authority = self.current().ok()?;
+        Some(authority.snapshot.clients.iter().any(|(uri, policy)| {
+            crate::store::naming::client_hash(uri) == client_hash
+                && policy.may_use_template(template_id)
+        }))
+    }
+
     /// Mints a grant for `binding` with the active key of the authority in force now;
     /// returns the token and its expiry.
     pub fn sign_grant(
@@ -331,6 +342,12 @@ fn leaf_not_after(der: &CertificateDer<'_>) -> SystemTime {
         .map_or(SystemTime::UNIX_EPOCH, |secs| {
             SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
         })
+}
+
+impl crate::store::policy::StandingPolicy for Security {
+    fn allows(&self, client_hash: &str, template_id: &str) -> Option<bool> {
+        self.client_allows_template(client_hash, template_id)
+    }
 }
 
 #[cfg(test)]

@@ -329,6 +329,17 @@ impl Store {
                 // The supervisor does not know it (never started, or a new boot): its journal,
                 // sealed, says which.
                 let entry = self.sealed_journal(&target, id).await?;
+                let elsewhere = entry.as_ref().is_some_and(|e| {
+                    !e.never_started
+                        && (e.claim_id != rc.claim_id
+                            || e.state == crate::executor::protocol::CommandState::Running)
+                });
+                if elsewhere {
+                    // It knows the id under another tuple than this claim's (§7: the
+                    // supervisor's own check): not this caller's command, and nothing of it is
+                    // recorded here; its own claim's end decides.
+                    return Err(not_found(&env));
+                }
                 let outcome = leases::outcome_of_journal(
                     entry.as_ref(),
                     CommandEndReason::Cancelled,
@@ -411,6 +422,17 @@ impl Store {
         o: &ExecutionEnvironment,
         claim_id: &str,
     ) -> Result<(), StoreError> {
+        self.end_claims_of(o, &[claim_id.to_owned()]).await
+    }
+
+    /// Ends every open command of `claim_id` at the supervisor (`end_claim`, then the sealed
+    /// journal of any it did not report) and answers their outcomes, writing nothing. No
+    /// open lease of that claim asks nothing.
+    pub(super) async fn claim_ends_of(
+        &self,
+        o: &ExecutionEnvironment,
+        claim_id: &str,
+    ) -> Result<Vec<(String, crate::kube::crd::CommandOutcome)>, StoreError> {
         let env = o.metadata.name.clone().unwrap_or_default();
         let open: Vec<String> = o
             .status
@@ -420,7 +442,7 @@ impl Store {
             .map(|l| l.id.clone())
             .collect();
         if open.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let target = self.supervisor_target(o)?;
         let request = SupervisorRequest::EndClaim {
@@ -443,7 +465,7 @@ impl Store {
             };
             ends.push((id, outcome));
         }
-        self.record_ends(&env, ends).await
+        Ok(ends)
     }
 
     /// Ends the commands of every claim but the current, unexpired one: what a new claim
@@ -466,12 +488,11 @@ impl Store {
         let current = super::predicates::valid_claim(&o)
             .filter(|(run, _)| now < run.expires_at.to_system_time())
             .map(|(run, _)| run.claim_id);
-        for claim_id in leases::open_claims(&o) {
-            if Some(&claim_id) != current.as_ref() {
-                self.end_claim_commands_of(&o, &claim_id).await?;
-            }
-        }
-        Ok(())
+        let stale: Vec<String> = leases::open_claims(&o)
+            .into_iter()
+            .filter(|claim_id| Some(claim_id) != current.as_ref())
+            .collect();
+        self.end_claims_of(&o, &stale).await
     }
 
     /// Forwards a recorded renewal to the supervisor (no write), best effort: a supervisor

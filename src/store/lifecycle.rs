@@ -78,6 +78,11 @@ impl Store {
         kind: LifecycleType,
     ) -> Result<(), StoreError> {
         check_identity_args(q)?;
+        // Commands of a claim that has lapsed (expired, the one case a lifecycle may take the
+        // claim over) end first, proven and recorded (docs/commands.md §5.5): admission
+        // needs every lease ended (C4). A current claim's commands are left alone, and its
+        // live claim refuses the admission below.
+        self.end_lapsed_commands(q).await?;
         self.persist_observed_terminal_proof(q).await?;
         let now = self.now();
         let stamp = RfcTime::from_system_time(now);
@@ -147,6 +152,26 @@ impl Store {
             Ok(Decision::Write(()))
         })
         .await
+    }
+
+    /// The administrator's exact subject only: the commands of every claim but the current,
+    /// unexpired one end at the supervisor, or, when it cannot be asked and the exact
+    /// executor Pod is terminal, by that Pod's end. Nothing open costs one read.
+    async fn end_lapsed_commands(&self, q: &AdminRequest) -> Result<(), StoreError> {
+        let env = &q.env.id;
+        let o = cas::get(&self.api, env)
+            .await?
+            .ok_or_else(|| StoreError::not_found(env, "environment not found"))?;
+        admin_subject(&o, q)?;
+        if super::command_leases::none_open(&o) || exact_admin_subject(&o, q).is_err() {
+            return Ok(());
+        }
+        match self.end_stale_claims_of(&o).await {
+            Err(error) if super::command_authority::unreached(&error) => {
+                self.end_by_executor_end(&o).await.map(drop)
+            }
+            answer => answer,
+        }
     }
 
     /// Before admitting a lifecycle on a not-Ready environment: if its exact executor Pod has

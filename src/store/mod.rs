@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod cas;
 pub mod claims;
+pub mod command_authority;
 pub mod command_invariants;
 pub mod command_leases;
 pub mod command_reads;

@@ -37,3 +37,22 @@ pub type SharedPolicyCheck = Arc<dyn PolicyCheck>;
 pub fn unchecked() -> SharedPolicyCheck {
     Arc::new(NoPolicyCheck)
 }
+
+/// The client policy in force now for a run claim that outlives every call made under it:
+/// a detached command runs with no call of its caller in flight, so nothing holds a peer
+/// chain to re-authenticate. The reconciler asks this instead (docs/commands.md §5.5): the
+/// claim's client (by the hash its `activeRun` records) must still be admitted and still be
+/// allowed the environment's template.
+pub trait StandingPolicy: Send + Sync {
+    /// `Some(true)`: a client whose canonical URI hashes to `client_hash` is admitted by the
+    /// allowlist in force and may use `template_id`; `Some(false)`: it is not (withdrawn);
+    /// `None`: no authority is in force on this replica now, so it cannot tell (and ends
+    /// nothing: another replica, or the claim's own deadline, decides).
+    fn allows(&self, client_hash: &str, template_id: &str) -> Option<bool>;
+}
+
+impl StandingPolicy for NoPolicyCheck {
+    fn allows(&self, _client_hash: &str, _template_id: &str) -> Option<bool> {
+        Some(true)
+    }
+}
