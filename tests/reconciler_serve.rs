@@ -118,6 +118,43 @@ async fn a_shared_executor_account_is_refused_at_start() {
 }
 
 #[tokio::test]
+async fn a_missing_or_malformed_supervisor_key_is_refused_before_kubernetes_is_contacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open_or_init(&dir.path().join("state")).unwrap();
+    let kubeconfig = Path::new("/nonexistent/kubeconfig");
+    let named = dir.path().join("supervisor.key");
+    // Named by the flag but absent; then present with a wrong length; then the security
+    // directory's own file with a wrong length (used without the flag).
+    let cases: [(Option<&[u8]>, bool); 3] = [
+        (None, true),
+        (Some(&[9; 31]), true),
+        (Some(&[9; 33]), false),
+    ];
+    for (content, by_flag) in cases {
+        let path = if by_flag {
+            named.clone()
+        } else {
+            state.security_dir().join("supervisor.key")
+        };
+        if let Some(bytes) = content {
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let mut command = serve_command(&state, kubeconfig, "off");
+        if by_flag {
+            command.arg("--supervisor-key-file").arg(&named);
+        }
+        let output = command.output().await.unwrap();
+        assert_eq!(output.status.code(), Some(1), "{content:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("cannot load the supervisor key") && stderr.contains("supervisor.key"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("kubeconfig"), "{stderr}");
+    }
+}
+
+#[tokio::test]
 async fn a_failed_preflight_exits_non_zero_naming_the_missing_class() {
     let dir = tempfile::tempdir().unwrap();
     let state = StateDir::open_or_init(&dir.path().join("state")).unwrap();

@@ -606,3 +606,37 @@ async fn a_window_keeps_the_newest_bytes_and_reports_what_fell_out() {
     assert_eq!(kept, 100_000);
     assert!(view.proven && !view.terminal_receipt.is_empty());
 }
+
+#[tokio::test]
+async fn sigterm_ends_every_command_and_exits_zero_only_once_no_process_is_left() {
+    let mut s = Supervised::enrolled().await;
+    let c = claim("a");
+    s.start_command(
+        "op-escape",
+        &c,
+        "(setsid sh -c 'echo $$ > escapee.pid; exec sleep 1000' &); exec sleep 1000",
+    )
+    .await;
+    s.start_command(
+        "op-trap",
+        &c,
+        "trap '' TERM; echo $$ > trap.pid; while :; do sleep 0.05; done",
+    )
+    .await;
+    let escapee = s.pid_file("escapee.pid").await;
+    let trapping = s.pid_file("trap.pid").await;
+    assert!(alive(escapee) && alive(trapping));
+    let pid = s.child.id().expect("running") as i32;
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), s.child.wait())
+        .await
+        .expect("the supervisor stops within its grace and sweep")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "a proven stop exits 0");
+    assert!(!alive(escapee), "the setsid escapee is gone");
+    assert!(!alive(trapping), "the command ignoring SIGTERM is gone");
+}

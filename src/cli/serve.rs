@@ -1,9 +1,10 @@
 //! `execution-provider serve`: the production entry point (k8s-executor §5.4). It validates
-//! its flags, loads the templates and the security directory, connects to the cluster (a
-//! kubeconfig file, or in-cluster / inferred configuration), runs the reconciler's start-up
-//! checks (exiting non-zero with a clear message when a RuntimeClass, StorageClass or the
-//! capacity ledger is missing), then serves gRPC, the reconciler and the health endpoints
-//! together until SIGTERM or Ctrl-C, and shuts down gracefully.
+//! its flags, loads the templates, the security directory and the supervisor key
+//! ([`crate::security::supervisor_key`]), connects to the cluster (a kubeconfig file, or
+//! in-cluster / inferred configuration), runs the reconciler's start-up checks (exiting
+//! non-zero with a clear message when a RuntimeClass, StorageClass or the capacity ledger is
+//! missing), then serves gRPC, the reconciler and the health endpoints together until SIGTERM
+//! or Ctrl-C, and shuts down gracefully.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use crate::metrics::{KubeApiMetrics, Metrics};
 use crate::provider::{self, Dependencies, Settings, Shutdown};
 use crate::runtime::Runtime;
 use crate::runtime::net::{Net, TokioNet};
-use crate::security::{self, Security, SecurityManager, SecuritySettings, manager};
+use crate::security::{self, Security, SecurityManager, SecuritySettings, manager, supervisor_key};
 use crate::server::ConnectionBounds;
 use crate::server::limiter::LimiterBounds;
 use crate::templates::TemplateRegistry;
@@ -55,6 +56,11 @@ pub struct ServeArgs {
         default_value = "/etc/execution-provider/security"
     )]
     pub tls_directory: PathBuf,
+    /// The supervisor key `K_sup` (32 bytes): required when given. Without the flag, the
+    /// security directory's `supervisor.key` when present, else no supervisor sessions
+    /// (detached commands answer UNIMPLEMENTED). Read once, at start (docs/commands.md §4.2).
+    #[arg(long, env = "EXECUTION_PROVIDER_SUPERVISOR_KEY_FILE")]
+    pub supervisor_key_file: Option<PathBuf>,
     /// The mTLS gRPC address.
     #[arg(
         long,
@@ -169,8 +175,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_ids(runtime.ids.clone())
         .with_limit_flags(args.limits)
         .context("the RPC limiter bounds are not usable")?;
+    let supervisor_key =
+        supervisor_key::load(args.supervisor_key_file.as_deref(), &args.tls_directory)
+            .context("cannot load the supervisor key")?;
     let metrics = Metrics::new(security.limiter_rejections(), runtime.clock.clone());
     let kube = kube_client(args.kubeconfig.as_deref(), metrics.kube_api()).await?;
+    let executor = match supervisor_key {
+        Some(key) => {
+            tracing::info!("supervisor key loaded: detached commands are served");
+            PodExecutor::new(kube.clone()).with_supervisor_key(key)
+        }
+        None => {
+            tracing::warn!(
+                "no {} in {} and no --supervisor-key-file: detached commands answer UNIMPLEMENTED",
+                supervisor_key::SUPERVISOR_KEY_FILE,
+                args.tls_directory.display()
+            );
+            PodExecutor::new(kube.clone())
+        }
+    };
     let security_manager = SecurityManager::new(
         security.clone(),
         kube.clone(),
@@ -187,7 +210,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let deps = Dependencies {
         metrics: metrics.clone(),
         runtime,
-        executor: Arc::new(PodExecutor::new(kube.clone())),
+        executor: Arc::new(executor),
         kube,
         templates: Arc::new(templates),
         security,

@@ -20,8 +20,9 @@ use super::transport::{
     SupervisorTarget, TransportError,
 };
 
-/// Where `dev` keeps the supervisor key, relative to the security directory.
-pub const SUPERVISOR_KEY_FILE: &str = "supervisor.key";
+/// Where `dev` keeps the supervisor key, relative to the security directory (the file `serve`
+/// reads there too).
+pub const SUPERVISOR_KEY_FILE: &str = crate::security::supervisor_key::SUPERVISOR_KEY_FILE;
 /// The directory of the supervisors' sockets, relative to the state directory (mode 0700).
 pub const SUPERVISOR_SOCKETS_DIR: &str = "supervisors";
 

@@ -16,6 +16,7 @@ pub mod ledger;
 pub mod manager;
 pub mod manifest;
 pub mod policy;
+pub mod supervisor_key;
 
 use std::path::{Path, PathBuf};
 

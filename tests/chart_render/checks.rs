@@ -142,7 +142,8 @@ pub fn the_render_checks_refuse_what_the_schema_cannot_express(helm: &Path) {
     let source = |items: &str| {
         format!("provider.securitySources=[{{\"name\":\"tls\",\"items\":[{items}]}}]")
     };
-    let all = "{\"key\":\"c\",\"path\":\"server.pem\"},{\"key\":\"k\",\"path\":\"server.key\"},{\"key\":\"ca\",\"path\":\"client-ca.pem\"},{\"key\":\"g\",\"path\":\"grant.key\"}";
+    let manifest_files = "{\"key\":\"c\",\"path\":\"server.pem\"},{\"key\":\"k\",\"path\":\"server.key\"},{\"key\":\"ca\",\"path\":\"client-ca.pem\"},{\"key\":\"g\",\"path\":\"grant.key\"}";
+    let all = &format!("{manifest_files},{{\"key\":\"s\",\"path\":\"supervisor.key\"}}");
     let without_name = ["--set", "provider.securitySecretName="];
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
@@ -163,6 +164,22 @@ pub fn the_render_checks_refuse_what_the_schema_cannot_express(helm: &Path) {
                 ),
             ],
             "the security manifest names grant.key, which no source projects",
+        ),
+        (
+            vec![
+                without_name[0].into(),
+                without_name[1].into(),
+                "--set-json".into(),
+                source(manifest_files),
+            ],
+            "provider.supervisorKeyFile is supervisor.key, which no source projects",
+        ),
+        (
+            vec![
+                "--set".into(),
+                "provider.supervisorKeyFile=manifest.json".into(),
+            ],
+            "provider.supervisorKeyFile: manifest.json is reserved",
         ),
         (
             vec![
@@ -265,4 +282,14 @@ pub fn the_render_checks_refuse_what_the_schema_cannot_express(helm: &Path) {
     )
     .expect("sources that project every file the manifest names render");
     assert!(find(&objects(&rendered), "Deployment", "demo-execution-provider").is_object());
+    render(
+        helm,
+        &[
+            "--set",
+            "provider.securitySecretName=,provider.supervisorKeyFile=",
+            "--set-json",
+            &source(manifest_files),
+        ],
+    )
+    .expect("without a supervisor key file, sources need not project one");
 }

@@ -115,6 +115,14 @@ pub fn the_deployment_passes_every_provider_value(helm: &Path) {
     assert_eq!(defaults.limits.per_client, Some(32));
     assert_eq!(defaults.connections.connections, Some(1024));
     assert_eq!(defaults.connections.handshakes, Some(64));
+    assert_eq!(
+        defaults.supervisor_key_file.as_deref(),
+        Some(Path::new("/etc/execution-provider/security/supervisor.key")),
+        "the supervisor key is required from the security volume by default"
+    );
+    let (args, keyless) =
+        serve_args(&render(helm, &["--set", "provider.supervisorKeyFile="]).expect("renders"));
+    assert_eq!(keyless.supervisor_key_file, None, "{args:?}");
     let set = render(
         helm,
         &[
@@ -154,7 +162,7 @@ pub fn the_deployment_passes_every_provider_value(helm: &Path) {
             "--set",
             "provider.securitySecretName=",
             "--set-json",
-            "provider.securitySources=[{\"name\":\"tls\",\"items\":[{\"key\":\"tls.crt\",\"path\":\"server.pem\"},{\"key\":\"tls.key\",\"path\":\"server.key\"}]},{\"name\":\"trust\",\"items\":[{\"key\":\"ca.crt\",\"path\":\"client-ca.pem\"},{\"key\":\"grant\",\"path\":\"grant.key\"}]}]",
+            "provider.securitySources=[{\"name\":\"tls\",\"items\":[{\"key\":\"tls.crt\",\"path\":\"server.pem\"},{\"key\":\"tls.key\",\"path\":\"server.key\"}]},{\"name\":\"trust\",\"items\":[{\"key\":\"ca.crt\",\"path\":\"client-ca.pem\"},{\"key\":\"grant\",\"path\":\"grant.key\"},{\"key\":\"supervisor\",\"path\":\"supervisor.key\"}]}]",
         ],
     )
     .expect("renders with securitySources");

@@ -5,7 +5,8 @@
 
 {{/* Exactly one security source: the whole Secret securitySecretName, or securitySources, whose
      projected paths are unique, never manifest.json, at most 32 in all, and include every file the
-     manifest names (the TLS files and each grant key's file). */}}
+     manifest names (the TLS files and each grant key's file) and the supervisor key file when
+     one is set. */}}
 {{- define "ep.checkSecuritySources" -}}
 {{- $p := .Values.provider -}}
 {{- if and $p.securitySecretName $p.securitySources -}}
@@ -13,6 +14,9 @@
 {{- end -}}
 {{- if not (or $p.securitySecretName $p.securitySources) -}}
 {{- fail "provider.securitySecretName or provider.securitySources is required" -}}
+{{- end -}}
+{{- if eq $p.supervisorKeyFile "manifest.json" -}}
+{{- fail "provider.supervisorKeyFile: manifest.json is reserved for the security manifest" -}}
 {{- end -}}
 {{- with $p.securitySources -}}
   {{- $names := list -}}
@@ -38,6 +42,11 @@
   {{- range $needed -}}
     {{- if not (has . $paths) -}}
       {{- fail (printf "provider.securitySources: the security manifest names %s, which no source projects" .) -}}
+    {{- end -}}
+  {{- end -}}
+  {{- with $p.supervisorKeyFile -}}
+    {{- if not (has . $paths) -}}
+      {{- fail (printf "provider.securitySources: provider.supervisorKeyFile is %s, which no source projects" .) -}}
     {{- end -}}
   {{- end -}}
 {{- end -}}

@@ -31,6 +31,8 @@ pub use service::Supervisor;
 
 /// Grace the commands get when the supervisor is asked to stop.
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
+/// The exit status of a stop that could not prove every process it started gone.
+pub const STOP_UNPROVEN_EXIT: u8 = 3;
 
 /// The supervisor's command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -247,7 +249,23 @@ async fn serve(
         }
     }
     supervisor.end_all(STOP_GRACE).await;
-    ExitCode::SUCCESS
+    stop_status(crate::helper::reaper::sweep_children(crate::helper::reaper::SWEEP_WINDOW).await)
+}
+
+/// The exit status of a stop: 0 only when the final sweep reached `ECHILD`, which proves that
+/// no process the supervisor ever started (every command's whole tree, however it forked, ends
+/// up as the supervisor's child once its own parent is gone) is left; else
+/// [`STOP_UNPROVEN_EXIT`], so whoever waits for the supervisor (a container runtime, the e2e
+/// suite's exec shim) never takes its exit for the end of every process.
+fn stop_status(no_process_left: bool) -> ExitCode {
+    if no_process_left {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "execution-helper supervise: stopped, but processes it started may still be running"
+        );
+        ExitCode::from(STOP_UNPROVEN_EXIT)
+    }
 }
 
 /// The idle timeout: expires once `after` has passed, measured on the supervisor's clock, with
