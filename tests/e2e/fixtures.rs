@@ -58,7 +58,7 @@ pub fn templates_yaml() -> String {
     )
 }
 
-/// A provider's configuration files: PKI, security manifest and templates.
+/// A provider's configuration files: PKI, security manifest, supervisor key and templates.
 pub struct ProviderFiles {
     pub state: StateDir,
 }
@@ -68,7 +68,16 @@ impl ProviderFiles {
     pub fn create(dir: &Path) -> Self {
         let state = StateDir::open_or_init(dir).expect("a fresh state directory");
         std::fs::write(state.templates_path(), templates_yaml()).unwrap();
-        Self { state }
+        let files = Self { state };
+        let mut key = [0u8; 32];
+        execution_provider::runtime::IdSource::fill(&execution_provider::runtime::OsIds, &mut key);
+        std::fs::write(files.supervisor_key(), key).unwrap();
+        files
+    }
+
+    /// The supervisor key `K_sup` every `serve` of the test shares (docs/commands.md §4.2).
+    pub fn supervisor_key(&self) -> PathBuf {
+        self.state.security_dir().join("supervisor.key")
     }
 
     pub fn templates(&self) -> PathBuf {

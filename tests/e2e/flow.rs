@@ -9,7 +9,7 @@ use kube::Api;
 use crate::cluster::{Cluster, TestNamespace};
 use crate::common::{self, context, owner};
 use crate::fixtures::RUNTIME_CLASS;
-use crate::kwok_exec::{kwok_serves_exec, spawn_agent, workspace_dir};
+use crate::kwok_exec::{Agent, kwok_serves_exec, spawn_agent, workspace_dir};
 use crate::provider::{Client, EXECUTOR_ACCOUNT, Installation, wait_pod_ready};
 
 /// Everything a flow test needs: namespace, chart, the exec agent.
@@ -17,7 +17,7 @@ pub struct Setup {
     pub cluster: Cluster,
     pub ns: TestNamespace,
     pub installation: Installation,
-    agent: Option<tokio::task::JoinHandle<()>>,
+    agent: Option<Agent>,
 }
 
 impl Setup {
@@ -36,7 +36,7 @@ impl Setup {
 
     pub async fn finish(self) {
         if let Some(agent) = self.agent {
-            agent.abort();
+            agent.stop().await;
         }
         self.ns.delete().await;
     }

@@ -13,6 +13,7 @@ use std::future::Future;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 mod cluster;
+mod commands;
 #[path = "../common/mod.rs"]
 mod common;
 mod control_plane;
@@ -57,6 +58,10 @@ where
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let trials = vec![
+        cluster_test(
+            "commands::a_detached_server_loop_outlives_its_serve_and_a_second_serve_follows_and_cancels_it",
+            commands::a_detached_server_loop_outlives_its_serve_and_a_second_serve_follows_and_cancels_it,
+        ),
         cluster_test(
             "crd::the_api_server_enforces_the_crd_and_kubectl_shows_its_printer_columns",
             crd::the_api_server_enforces_the_crd_and_kubectl_shows_its_printer_columns,

@@ -216,6 +216,8 @@ impl Provider {
             .arg(files.manifest())
             .arg("--tls-directory")
             .arg(files.security_dir())
+            .arg("--supervisor-key-file")
+            .arg(files.supervisor_key())
             .args(["--listen", &addr.to_string()])
             .args(["--health-listen", &health.to_string()])
             .env("EXECUTION_PROVIDER_LOG", "info")
