@@ -1,30 +1,35 @@
-# The executor image: a base with a POSIX shell, `sleep` and a Go toolchain, plus
-# `execution-helper` installed at /mecatl-executor, the path k8s-executor §4.4 fixes and the
-# provider's pods/exec runs (src/executor/pod_exec.rs HELPER_IN_IMAGE_PATH). Templates must
-# reference the image by digest (image@sha256:...), and the base is pinned by digest too.
-#
-# UNTESTED HERE: this project's machines have no Docker engine, so this recipe has never been
-# built by CI. Build from the repository root, passing the base pinned by its digest, e.g.:
-#   digest=$(docker buildx imagetools inspect golang:1.25-bookworm --format '{{json .Manifest.Digest}}' | tr -d '"')
-#   docker build -f kind/executor.Dockerfile \
-#     --build-arg BASE_IMAGE="golang:1.25-bookworm@${digest}" -t localhost:5001/execution-executor:dev .
-# No default digest is written here: a digest we could not verify would be worse than none, and
-# the build fails fast without BASE_IMAGE.
-ARG BASE_IMAGE
+# The executor image: Debian's static busybox as the userland (a POSIX shell, `sleep` and the
+# usual tools, no libc) and `execution-helper` at /mecatl-executor, the path k8s-executor §4.4
+# fixes and the provider's pods/exec runs (src/executor/pod_exec.rs HELPER_IN_IMAGE_PATH). The
+# helper is linked statically (the gnu target with crt-static), so nothing else is needed.
+# kind/executor-rootfs.sh lays out the file system; the e2e suite's real node builds the same
+# image without Docker from this file's USER, WORKDIR, ENV and ENTRYPOINT lines and that script
+# (tests/e2e/bin/build-node-images.sh), so keep those instructions one per line.
+# Templates must reference the image by digest (image@sha256:...). Build from the repository root:
+#   docker build -f kind/executor.Dockerfile -t localhost:5001/execution-executor:dev .
+# Add a toolchain on top (FROM this image, or a richer base with the same two steps) when the
+# sandboxes need one.
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin execution-helper
+RUN RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
+      --target x86_64-unknown-linux-gnu --bin execution-helper \
+    && ldd target/x86_64-unknown-linux-gnu/release/execution-helper 2>&1 | grep -q 'not a dynamic executable'
 
-FROM ${BASE_IMAGE}
-# The helper, owned by the sandbox user, at the fixed path; /workspace owned by that user
-# (the PVC is mounted over it; fsGroup 65532 keeps it writable).
-COPY --from=build --chown=65532:65532 --chmod=0755 /src/target/release/execution-helper /mecatl-executor
-RUN mkdir -p /workspace && chown 65532:65532 /workspace \
-    && test -x /bin/sh && command -v sleep >/dev/null
-ENV HOME=/workspace TMPDIR=/tmp GOTMPDIR=/tmp \
-    PATH=/usr/local/go/bin:/usr/local/bin:/usr/bin:/bin
+FROM debian:bookworm-slim AS rootfs
+COPY --from=build /src/target/x86_64-unknown-linux-gnu/release/execution-helper /helper
+COPY kind/executor-rootfs.sh /executor-rootfs.sh
+RUN apt-get update && cd /tmp && apt-get download busybox-static \
+    && dpkg -x busybox-static_*.deb /bb && sh /executor-rootfs.sh /rootfs /bb/bin/busybox /helper
+
+FROM scratch
+COPY --from=rootfs /rootfs /
+# COPY does not promise to keep the owners of another stage's files: set them again.
+RUN chown 65532:65532 /workspace /mecatl-executor
+ENV HOME=/workspace
+ENV TMPDIR=/tmp
+ENV PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 USER 65532:65532
 WORKDIR /workspace
 # The idle shell the Pod runs (the reconciler sets the same command); every request is a

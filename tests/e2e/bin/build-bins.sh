@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real control plane for the e2e suite from Go modules (no Docker, no download site):
-# kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from k8s.io/kubernetes,
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet from k8s.io/kubernetes,
 # etcd from go.etcd.io/etcd/server/v3, kwok from sigs.k8s.io/kwok and helm from helm.sh/helm/v3.
 # Each component is cached by version under $E2E_CACHE and built only when missing.
 # Go builds run at the lowest priority (and by default one package at a time), so Rust builds keep the CPU.
@@ -33,8 +33,12 @@ complete() { # dir binaries...
 }
 
 build_kube() {
-  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-  complete "$KUBE_DIR" "${bins[@]}" && return 0
+  # The kubelet is the real node's (start-node.sh); it shares most packages with the others, so
+  # it is built in the same `go build`. A cache from before it was added builds only what is
+  # missing, and the shared packages come from the Go build cache.
+  local all=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet) bins=() b
+  for b in "${all[@]}"; do [[ -x "$KUBE_DIR/$b" ]] || bins+=("$b"); done
+  [[ ${#bins[@]} -eq 0 ]] && return 0
   local start=$SECONDS w="$E2E_CACHE/src/kubernetes-v$K8S_VERSION"
   rm -rf "$w" && mkdir -p "$w" && cd "$w"
   $GO mod init e2e.local/kubebins >/dev/null 2>&1
@@ -58,8 +62,11 @@ build_kube() {
   done
   mkdir -p "$KUBE_DIR.tmp"
   $GO build -trimpath -tags selinux,notest -ldflags "$ldf" -o "$KUBE_DIR.tmp/" "${pkgs[@]}"
+  for b in "${all[@]}"; do
+    [[ -x "$KUBE_DIR.tmp/$b" ]] || cp -a "$KUBE_DIR/$b" "$KUBE_DIR.tmp/$b"
+  done
   rm -rf "$KUBE_DIR" && mv "$KUBE_DIR.tmp" "$KUBE_DIR"
-  log_time "kubernetes-v$K8S_VERSION" $((SECONDS - start))
+  log_time "kubernetes-v$K8S_VERSION (${bins[*]})" $((SECONDS - start))
 }
 
 build_etcd() {
