@@ -43,8 +43,11 @@ pub const OTHER_CLIENT: &str = "spiffe://test.local/ns/default/other";
 pub const ISSUER: &str = "https://issuer.test";
 
 mod executor;
+mod interleave;
 #[allow(unused_imports)]
 pub use executor::{Script, ScriptedExecutor};
+#[allow(unused_imports)]
+pub use interleave::Gate;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -94,6 +97,8 @@ pub struct Faults {
     filtered_writes: usize,
     /// Requests held back by [`Fault::Delayed`], in arrival order.
     pub delayed: Vec<(http::request::Parts, Bytes)>,
+    /// How many armed faults were applied (a step that never wrote leaves it unchanged).
+    pub fired: usize,
 }
 
 impl Faults {
@@ -175,6 +180,7 @@ where
                     faults.filtered_writes += 1;
                     if faults.filtered_writes == n {
                         fault = Some(f);
+                        faults.fired += 1;
                     }
                 }
             }
@@ -211,6 +217,41 @@ where
                     Ok(response)
                 }
             }
+        })
+    }
+}
+
+/// [`FaultyApi`] behind a [`Gate`]: each request of caller `caller` waits for the gate's
+/// release before the fault layer sees it (so faults and counts follow the chosen order).
+#[derive(Clone)]
+pub struct GatedApi {
+    inner: FaultyApi,
+    gate: Arc<Gate>,
+    caller: usize,
+}
+
+impl<B> tower::Service<Request<B>> for GatedApi
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let wait = self.gate.arrive(self.caller);
+        let mut inner = self.inner.clone();
+        Box::pin(async move {
+            if let Some(wait) = wait {
+                wait.await
+                    .map_err(|_| -> BoxError { "the gate closed".into() })?;
+            }
+            tower::Service::call(&mut inner, request).await
         })
     }
 }
@@ -360,6 +401,32 @@ impl World {
                 faults: self.faults.clone(),
             },
             NAMESPACE,
+        )
+    }
+
+    /// A store replica whose requests pass `gate` as caller `caller` (then the fault layer).
+    pub fn gated_store(&self, gate: Arc<Gate>, caller: usize) -> Store {
+        let client = kube::Client::new(
+            GatedApi {
+                inner: FaultyApi {
+                    inner: self.server.clone(),
+                    faults: self.faults.clone(),
+                },
+                gate,
+                caller,
+            },
+            NAMESPACE,
+        );
+        let runtime = Runtime {
+            clock: self.clock.clone(),
+            ids: Arc::new(SeededIds::new(500 + caller as u64)),
+        };
+        Store::new(
+            client,
+            NAMESPACE,
+            self.templates.clone(),
+            self.executor.clone(),
+            runtime,
         )
     }
 

@@ -1,10 +1,12 @@
 //! The reference model of `tests/store_model.rs`: what the spec says one environment holds
-//! and answers, written from store §4 (run claims), §5 (dispatch), §6 (reference intents),
-//! §7 (admin lifecycle admission and revocation) and DECISIONS 8-10, with the check order
-//! of each operation. It performs no I/O; the test runs every step against it and the real
-//! store and compares answers and states.
+//! and answers, written from store §4 (run claims and their renewal receipts), §4.4 and §5
+//! (validation, then the fenced dispatch: an executor failure fences), §6 (reference intents,
+//! attach, the allocation replay), §7 (admin lifecycle admission, recovery on proof of the
+//! exact Pod's termination, revocation) and DECISIONS 8-11, with the check order of each
+//! operation; and the capacity ledger of a second template. It performs no I/O; the test runs
+//! every step against it and the real store and compares answers and the whole state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use execution_provider::errors::ErrorCode;
 
@@ -13,6 +15,32 @@ pub const TTL: u64 = 60;
 
 /// The bindings the test uses; `b1` created the environment.
 pub const BINDINGS: [&str; 3] = ["b1", "b2", "b3"];
+
+/// The lease of an in-flight operation, in seconds (`store::OPERATION_TTL`).
+pub const OPERATION_TTL: u64 = 30;
+
+/// The capacity of the second template the allocation steps fill (`pair`).
+pub const PAIR_CAPACITY: usize = 2;
+
+/// How the scripted executor answers a dispatched call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecutorAnswer {
+    /// A known success.
+    Succeed,
+    /// A typed refusal (`not_found`): the outcome is known, nothing is fenced.
+    Refuse,
+    /// The stream breaks: the outcome is unknown and the environment is fenced.
+    Break,
+}
+
+/// What a renewal is bound to (its receipt's fingerprint): the claim and the TTL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewKey {
+    pub run: u8,
+    pub epoch: u64,
+    pub generation: u64,
+    pub ttl: u64,
+}
 
 /// A reference record's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +84,8 @@ pub struct Identity {
     pub pod_uid: String,
 }
 
-/// The model of one environment.
-#[derive(Debug)]
+/// The model of one environment (and the allocations of the second template).
+#[derive(Debug, Clone)]
 pub struct Model {
     pub now: u64,
     pub epoch: u64,
@@ -71,8 +99,18 @@ pub struct Model {
     pub pod_uid: String,
     /// (operation id, identity before) of the last completed replacement.
     pub last_replacement: Option<(String, Identity)>,
-    /// The operation id of the terminal proof the retirement wrote.
-    pub proof_op: Option<String>,
+    /// The termination proof: the operation that wrote it and the identity it proves.
+    pub proof: Option<(String, Identity)>,
+    /// Whether an operation of unknown outcome is outstanding (`fenceState`).
+    pub fenced: bool,
+    /// When the recorded in-flight operation's lease lapses, if one is recorded.
+    pub in_flight: Option<u64>,
+    /// Renewal receipts by operation id: what each was bound to and the expiry it set.
+    pub renewals: BTreeMap<String, (RenewKey, u64)>,
+    /// The current executor Pod has terminated.
+    pub pod_terminal: bool,
+    /// Bindings that hold an environment of the second template.
+    pub allocations: BTreeSet<String>,
 }
 
 impl Model {
@@ -99,7 +137,12 @@ impl Model {
             retired: false,
             pod_uid: pod_uid.to_owned(),
             last_replacement: None,
-            proof_op: None,
+            proof: None,
+            fenced: false,
+            in_flight: None,
+            renewals: BTreeMap::new(),
+            pod_terminal: false,
+            allocations: BTreeSet::new(),
         }
     }
 
@@ -129,7 +172,7 @@ impl Model {
         if !self.published("b1") {
             return Err(ErrorCode::NotFound);
         }
-        if !self.ready {
+        if !self.ready || self.fenced {
             return Err(ErrorCode::NotReady);
         }
         if let Some(c) = &self.claim {
@@ -145,6 +188,12 @@ impl Model {
             if self.now < c.expires {
                 return Err(ErrorCode::Conflict);
             }
+            if self.in_flight.is_some() {
+                return Err(ErrorCode::FenceUnknown);
+            }
+        }
+        if self.in_flight.is_some() {
+            return Err(ErrorCode::Conflict);
         }
         self.epoch += 1;
         self.claim = Some(ModelClaim {
@@ -175,28 +224,156 @@ impl Model {
         if self.lifecycle.is_some() {
             return Err(ErrorCode::NotReady);
         }
-        if self.current(held) {
-            self.claim = None;
-            Ok(())
-        } else {
-            Err(ErrorCode::Conflict)
+        if !self.current(held) {
+            return Err(ErrorCode::Conflict);
+        }
+        if self.in_flight.is_some() {
+            return Err(ErrorCode::FenceUnknown);
+        }
+        self.claim = None;
+        Ok(())
+    }
+
+    /// RenewRun (§4.2): `held` renews for `ttl` seconds under operation `op`; the expiry.
+    pub fn renew(&mut self, held: &ModelClaim, op: &str, ttl: u64) -> Result<u64, ErrorCode> {
+        if !self.current(held) {
+            return Err(ErrorCode::Conflict);
+        }
+        let key = RenewKey {
+            run: held.run,
+            epoch: held.epoch,
+            generation: held.generation,
+            ttl,
+        };
+        if let Some((bound, expires)) = self.renewals.get(op) {
+            if *bound != key || *expires <= self.now {
+                return Err(ErrorCode::Conflict);
+            }
+            return Ok(*expires);
+        }
+        let now = self.now;
+        let claim = self.claim.as_mut().expect("current");
+        if now >= claim.expires {
+            return Err(ErrorCode::Conflict);
+        }
+        claim.expires = now + ttl;
+        self.renewals.insert(op.to_owned(), (key, now + ttl));
+        Ok(now + ttl)
+    }
+
+    /// A file operation on the production path (§4.4 validation on one read, then the
+    /// admission write from that observation, §5.2), answered by the executor as `answer`.
+    pub fn execute(&mut self, held: &ModelClaim, answer: ExecutorAnswer) -> Result<(), ErrorCode> {
+        self.validate(held)?;
+        self.admit()?;
+        match answer {
+            ExecutorAnswer::Succeed => Ok(()),
+            ExecutorAnswer::Refuse => Err(ErrorCode::NotFound),
+            ExecutorAnswer::Break => {
+                self.record_in_flight();
+                self.fenced = true;
+                Err(ErrorCode::FenceUnknown)
+            }
         }
     }
 
-    /// A file operation through the store's admission (§5.2 A), which always completes.
-    pub fn execute(&self, held: &ModelClaim) -> Result<(), ErrorCode> {
-        if self.lifecycle.is_some() {
-            return Err(ErrorCode::NotReady);
-        }
-        if !self.published("b1") {
-            return Err(ErrorCode::NotFound);
-        }
+    /// ValidateRunClaim (§4.4), in its order.
+    pub fn validate(&self, held: &ModelClaim) -> Result<(), ErrorCode> {
         if !(self.current(held) && self.live_claim()) {
             return Err(ErrorCode::Conflict);
         }
-        if !self.ready {
+        if !self.published("b1") || !self.ready || self.fenced {
             return Err(ErrorCode::NotReady);
         }
+        Ok(())
+    }
+
+    /// The admission's gates after a passed validation: only an operation already in
+    /// flight can refuse it (a lifecycle admission ends every claim first).
+    fn admit(&self) -> Result<(), ErrorCode> {
+        if self.lifecycle.is_some() {
+            return Err(ErrorCode::NotReady);
+        }
+        if self.in_flight.is_some() {
+            return Err(ErrorCode::Conflict);
+        }
+        Ok(())
+    }
+
+    /// An admission write landed: the operation is on record with its lease.
+    pub fn record_in_flight(&mut self) {
+        self.in_flight = Some(self.now + OPERATION_TTL);
+    }
+
+    /// The reconciler's expiry fence (§5.4): an operation whose lease lapsed is fenced and
+    /// the environment is no longer Ready. Whether it applies now.
+    pub fn fence_expired(&mut self) -> bool {
+        match self.in_flight {
+            Some(expires) if self.now >= expires && !self.fenced => {
+                self.fenced = true;
+                self.ready = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Attach (§3.3) through `binding`: validation only.
+    pub fn attach(&self, binding: &str) -> Result<(), ErrorCode> {
+        if !self.ready || self.fenced {
+            return Err(ErrorCode::NotReady);
+        }
+        match self.references.get(binding).map(|r| r.state) {
+            Some(RefState::PendingCreate | RefState::Published) => Ok(()),
+            _ => Err(ErrorCode::NotFound),
+        }
+    }
+
+    /// EnsureTemplate replayed by `b1` with operation `op` (§3.1): the environment exists,
+    /// so only a record of that very operation answers it.
+    pub fn ensure_replay(&self, op: &str) -> Result<(), ErrorCode> {
+        match self.references.get("b1") {
+            Some(r) if r.op == op && r.state != RefState::PendingDelete => Ok(()),
+            _ => Err(ErrorCode::Conflict),
+        }
+    }
+
+    /// EnsureTemplate of the second template by `binding` (§3.1, the capacity ledger): a
+    /// replay answers the same environment; a new one needs a free slot.
+    pub fn ensure_pair(&mut self, binding: &str) -> Result<(), ErrorCode> {
+        if self.allocations.contains(binding) {
+            return Ok(());
+        }
+        if self.allocations.len() >= PAIR_CAPACITY {
+            return Err(ErrorCode::ResourceExhausted);
+        }
+        self.allocations.insert(binding.to_owned());
+        Ok(())
+    }
+
+    /// RecoverEnvironment naming `named` (§7.8): clears the fence only on proof that the
+    /// exact Pod terminated.
+    pub fn recover(&mut self, op: &str, named: &Identity) -> Result<(), ErrorCode> {
+        if *named != self.identity() {
+            return Err(ErrorCode::Conflict);
+        }
+        if self
+            .proof
+            .as_ref()
+            .is_some_and(|(o, id)| o == op && id == named)
+        {
+            return Ok(());
+        }
+        if !self.fenced {
+            return Err(ErrorCode::Conflict);
+        }
+        if !self.pod_terminal {
+            return Err(ErrorCode::FenceUnknown);
+        }
+        self.proof = Some((op.to_owned(), named.clone()));
+        self.in_flight = None;
+        self.claim = None;
+        self.fenced = false;
         Ok(())
     }
 
@@ -295,7 +472,7 @@ impl Model {
                 Err(ErrorCode::Conflict)
             };
         }
-        if self.live_claim() {
+        if self.in_flight.is_some() || self.fenced || self.live_claim() {
             return Err(ErrorCode::Conflict);
         }
         self.claim = None;
@@ -323,6 +500,14 @@ impl Model {
         }
     }
 
+    /// Every record, by binding: (binding, state, operation id, source binding).
+    pub fn records(&self) -> Vec<(String, RefState, String, Option<String>)> {
+        self.references
+            .iter()
+            .map(|(b, r)| (b.clone(), r.state, r.op.clone(), r.source.clone()))
+            .collect()
+    }
+
     /// What ListReferenceIntents reports: every non-Published record, by binding.
     pub fn intents(&self) -> Vec<(String, RefState, String)> {
         self.references
@@ -333,8 +518,8 @@ impl Model {
     }
 }
 
-/// Admin lifecycle admission (§7.3, §7.6) in a world whose executor Pod object is not
-/// observable: a not-Ready environment can never produce a fresh terminal proof.
+/// Admin lifecycle admission (§7.3, §7.6). The environment is not Ready only while a
+/// lifecycle runs or once it is retired, so admission never needs a fresh terminal proof.
 impl Model {
     /// ReplaceExecutor / RetireEnvironment admission naming `named`.
     pub fn start_lifecycle(
@@ -355,7 +540,11 @@ impl Model {
         }
         if self.retired {
             // The proof pre-step passes (Retired); only an exact retirement replay succeeds.
-            let replay = kind == Kind::Retire && self.proof_op.as_deref() == Some(op);
+            let replay = kind == Kind::Retire
+                && self
+                    .proof
+                    .as_ref()
+                    .is_some_and(|(o, id)| o == op && id == named);
             return if replay {
                 Ok(())
             } else {
@@ -371,12 +560,17 @@ impl Model {
                 Err(ErrorCode::Conflict)
             };
         }
-        if !self.ready {
-            // Not Ready: the pre-step needs the Pod's terminal state, which is unobservable.
+        // Idle and healthy: no live claim, nothing in flight, no fence.
+        if self.live_claim() || self.in_flight.is_some() || self.fenced {
             return Err(ErrorCode::Conflict);
         }
-        if self.live_claim() {
-            return Err(ErrorCode::Conflict);
+        // Not Ready (the reconciler fenced it, then it was recovered): admission needs a
+        // durable proof that this exact Pod terminated, written first when it is observed.
+        if !self.ready && self.proof.as_ref().is_none_or(|(_, id)| id != named) {
+            if !self.pod_terminal {
+                return Err(ErrorCode::Conflict);
+            }
+            self.proof = Some((op.to_owned(), named.clone()));
         }
         if kind == Kind::Retire && !self.references.is_empty() {
             return Err(ErrorCode::Conflict);
@@ -397,7 +591,10 @@ impl Model {
                 Err(ErrorCode::Conflict)
             };
         }
-        let safe = self.references.is_empty() && self.claim.is_none() && self.retired;
+        let safe = self.references.is_empty()
+            && self.claim.is_none()
+            && self.in_flight.is_none()
+            && self.retired;
         if !safe {
             return Err(ErrorCode::Conflict);
         }
@@ -414,10 +611,11 @@ impl Model {
                 self.last_replacement = Some((op, self.identity()));
                 self.epoch += 1;
                 self.pod_uid = new_pod_uid.to_owned();
+                self.pod_terminal = false;
                 self.ready = true;
             }
             Kind::Retire => {
-                self.proof_op = Some(op);
+                self.proof = Some((op, self.identity()));
                 self.retired = true;
             }
             Kind::DeleteRetired => return None,
