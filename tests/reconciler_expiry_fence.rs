@@ -1,7 +1,11 @@
 //! The reconciler's fence of an expired operation lease guards its compare-and-swap on the
 //! exact operation it judged expired (issue 15, item 4): a completion, a renewal or a
 //! `RecoverEnvironment` that lands between the reconciler's read and its write is never
-//! overwritten, and an acknowledged recovery stays recovered.
+//! overwritten, and an acknowledged recovery stays recovered. After the fence, the automatic
+//! recovery of the recovery issue (item 2): the exact Pod deleted with its UID precondition and
+//! never forced, its kubelet-confirmed end recorded as the proof that clears the fence, a new
+//! executor on the same PVC at epoch + 1; a manual template, a vanished Pod and a Pod stuck
+//! terminating stay fenced with a condition that says why.
 
 mod reconciler_support;
 
@@ -15,10 +19,12 @@ use execution_provider::kube::crd::{
     RfcTime, condition,
 };
 use execution_provider::metrics::Metrics;
+use execution_provider::reconciler::recovery::{self, reason as recovering};
 use execution_provider::reconciler::{Reconciler, ReconcilerConfig};
 use execution_provider::store::admin::AdminRequest;
 use execution_provider::store::naming::{client_hash, owner_hash};
 use execution_provider::store::{EnvRef, Store};
+use execution_provider::templates::TemplateRegistry;
 use kube::api::{Api, PostParams};
 use reconciler_support::hooks::{Action, Rule};
 use reconciler_support::*;
@@ -46,7 +52,11 @@ fn expired_operation(world: &World) -> ActiveOperation {
 
 /// A Ready environment created by [`ADMIN`] for alice, its store and its reconciler.
 async fn provisioned(world: &World) -> (Store, Arc<Reconciler>) {
-    let templates = registry();
+    provisioned_with(world, registry()).await
+}
+
+/// [`provisioned`] with the template registry `templates`.
+async fn provisioned_with(world: &World, templates: TemplateRegistry) -> (Store, Arc<Reconciler>) {
     let mut env = world.create_env(&templates).await;
     env.spec.client_hash = client_hash(ADMIN);
     env.spec.owner_hash = owner_hash(ISSUER, "alice");
@@ -300,4 +310,247 @@ async fn fences_are_counted_once_by_reason_and_recoveries_by_outcome() {
         .await
         .unwrap();
     assert_eq!(scraped(&metrics, recovered), 1.0);
+}
+
+/// The `Recovering` condition as (status, reason).
+fn recovering_condition(env: &ExecutionEnvironment) -> Option<(ConditionStatus, String)> {
+    cond(env, recovering::RECOVERING).map(|c| (c.status, c.reason))
+}
+
+/// The DELETE requests of the executor Pod the reconciler sent.
+fn pod_deletes(world: &World) -> Vec<reconciler_support::hooks::Seen> {
+    world.hooks.seen("DELETE", "/pods/")
+}
+
+/// A fenced environment: an operation whose holder vanished mid-call, fenced at its expiry.
+async fn fenced_by_expiry(world: &World, reconciler: &Reconciler) {
+    world
+        .edit_status(|s| s.active_operation = Some(expired_operation(world)))
+        .await;
+    reconciler.reconcile(ENV).await.unwrap();
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::FenceUnknown));
+}
+
+#[tokio::test]
+async fn a_fenced_environment_is_recovered_by_the_kubelet_confirmed_end_of_its_exact_pod() {
+    let world = World::new().await;
+    let (_store, reconciler) = provisioned(&world).await;
+    let before = world.env().await.status.unwrap();
+    let (old_pod, pvc, epoch) = (
+        before.pod.clone().unwrap().uid,
+        before.pvc.clone().unwrap().uid,
+        before.epoch.unwrap(),
+    );
+    fenced_by_expiry(&world, &reconciler).await;
+    // The first pass admits the recovery of exactly this Pod, the next deletes it.
+    reconciler.reconcile(ENV).await.unwrap();
+    let env = world.env().await;
+    let op = env
+        .status
+        .as_ref()
+        .unwrap()
+        .lifecycle_operation
+        .clone()
+        .unwrap();
+    assert!(recovery::is_recovery(&op), "{op:?}");
+    assert_eq!(op.expected_pod_uid.as_deref(), Some(old_pod.as_str()));
+    assert_eq!(
+        recovering_condition(&env),
+        Some((
+            ConditionStatus::True,
+            recovering::AWAITING_TERMINAL_EXECUTOR.into()
+        ))
+    );
+    reconciler.reconcile(ENV).await.unwrap();
+    let deletes = pod_deletes(&world);
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    let delete = &deletes[0].body;
+    assert_eq!(delete["preconditions"]["uid"], old_pod.as_str(), "{delete}");
+    assert_ne!(
+        delete["gracePeriodSeconds"], 0,
+        "never a force delete: {delete}"
+    );
+    // Deleted but not yet terminated: the finalizer holds the Pod, nothing is proven, the
+    // environment stays fenced however often it is reconciled.
+    let pod = world.pod().await.expect("the finalizer holds the Pod");
+    assert!(pod.metadata.deletion_timestamp.is_some());
+    for _ in 0..3 {
+        reconciler.reconcile(ENV).await.unwrap();
+    }
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::FenceUnknown));
+    assert!(status.termination_proof.is_none());
+    assert_eq!(status.active_operation.unwrap().id, "op-1");
+    // The kubelet reports every container terminated: the proof clears fence, operation
+    // and claim in one write.
+    world.mark_pod_terminated("Failed").await;
+    reconciler.reconcile(ENV).await.unwrap();
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+    assert!(status.active_operation.is_none());
+    assert!(status.active_run.is_none());
+    let proof = status.termination_proof.unwrap();
+    assert_eq!(
+        (proof.pod_uid.as_str(), proof.pvc_uid.as_str()),
+        (old_pod.as_str(), pvc.as_str())
+    );
+    assert_eq!(proof.operation_id, op.id);
+    // The ordinary replacement follows: finalizer released, Pod gone, a new executor.
+    for _ in 0..8 {
+        let status = world.env().await.status.unwrap();
+        if status.lifecycle_operation.is_none() {
+            break;
+        }
+        if let Some(pod) = world.pod().await
+            && pod.metadata.uid.as_deref() != Some(old_pod.as_str())
+            && !execution_provider::reconciler::pod::pod_ready(&pod)
+        {
+            world.mark_pod_ready().await;
+        }
+        reconciler.reconcile(ENV).await.unwrap();
+    }
+    let env = world.env().await;
+    let status = env.status.clone().unwrap();
+    assert!(status.lifecycle_operation.is_none(), "{status:?}");
+    assert_eq!(status.epoch, Some(epoch + 1));
+    assert_eq!(status.pvc.unwrap().uid, pvc, "the same workspace");
+    let new_pod = status.pod.unwrap().uid;
+    assert_ne!(new_pod, old_pod);
+    assert_eq!(world.pvc().await.unwrap().metadata.uid.unwrap(), pvc);
+    assert_eq!(ready(&env).unwrap().0, ConditionStatus::True);
+    assert_eq!(
+        recovering_condition(&env),
+        Some((ConditionStatus::False, recovering::RECOVERED.into()))
+    );
+    assert_eq!(
+        pod_deletes(&world)
+            .iter()
+            .filter(|d| d.body["gracePeriodSeconds"] == 0)
+            .count(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_manual_template_keeps_the_fence_and_says_so() {
+    let world = World::new().await;
+    let manual = registry_of(&[(
+        execution(|v| v["recovery"] = serde_json::json!("manual")),
+        false,
+    )]);
+    let (_store, reconciler) = provisioned_with(&world, manual).await;
+    fenced_by_expiry(&world, &reconciler).await;
+    for _ in 0..3 {
+        reconciler.reconcile(ENV).await.unwrap();
+    }
+    let env = world.env().await;
+    let status = env.status.clone().unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::FenceUnknown));
+    assert!(status.lifecycle_operation.is_none());
+    assert!(pod_deletes(&world).is_empty());
+    assert_eq!(
+        recovering_condition(&env),
+        Some((ConditionStatus::False, recovering::MANUAL_RECOVERY.into()))
+    );
+}
+
+#[tokio::test]
+async fn a_vanished_or_foreign_pod_proves_nothing_and_stays_fenced() {
+    let world = World::new().await;
+    let (_store, reconciler) = provisioned(&world).await;
+    fenced_by_expiry(&world, &reconciler).await;
+    // The status records another Pod than the one that runs: nothing proves its end.
+    world
+        .edit_status(|s| s.pod.as_mut().unwrap().uid = "someone-else".into())
+        .await;
+    reconciler.reconcile(ENV).await.unwrap();
+    let env = world.env().await;
+    assert!(env.status.as_ref().unwrap().lifecycle_operation.is_none());
+    assert!(pod_deletes(&world).is_empty());
+    assert_eq!(
+        recovering_condition(&env),
+        Some((
+            ConditionStatus::False,
+            recovering::EXECUTOR_IDENTITY_LOST.into()
+        ))
+    );
+    assert_eq!(
+        env.status.unwrap().fence_state,
+        Some(FenceState::FenceUnknown)
+    );
+}
+
+#[tokio::test]
+async fn a_recovery_whose_pod_vanishes_before_its_proof_gives_up_and_stays_fenced() {
+    let world = World::new().await;
+    let (_store, reconciler) = provisioned(&world).await;
+    fenced_by_expiry(&world, &reconciler).await;
+    reconciler.reconcile(ENV).await.unwrap(); // admitted
+    reconciler.reconcile(ENV).await.unwrap(); // deleted
+    // Someone removes the finalizer: the Pod object goes before its end was confirmed.
+    world.replace_pod(|p| p.metadata.finalizers = None).await;
+    assert!(world.pod().await.is_none());
+    let error = reconciler.reconcile(ENV).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::FenceUnknown, "{error}");
+    let env = world.env().await;
+    let status = env.status.clone().unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::FenceUnknown));
+    assert!(status.termination_proof.is_none());
+    assert!(status.lifecycle_operation.is_none(), "the recovery gave up");
+    assert_eq!(
+        recovering_condition(&env),
+        Some((
+            ConditionStatus::False,
+            recovering::EXECUTOR_IDENTITY_LOST.into()
+        ))
+    );
+    // Nothing to prove from now on: the next passes leave it fenced, no new executor.
+    reconciler.reconcile(ENV).await.unwrap();
+    assert!(world.pod().await.is_none());
+    assert_eq!(
+        world.env().await.status.unwrap().fence_state,
+        Some(FenceState::FenceUnknown)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_stuck_terminating_stays_fenced_with_the_operators_way_out() {
+    let world = World::new().await;
+    let (_store, reconciler) = provisioned(&world).await;
+    fenced_by_expiry(&world, &reconciler).await;
+    reconciler.reconcile(ENV).await.unwrap(); // admitted
+    reconciler.reconcile(ENV).await.unwrap(); // deleted
+    reconciler.reconcile(ENV).await.unwrap();
+    let env = world.env().await;
+    assert_eq!(
+        recovering_condition(&env),
+        Some((
+            ConditionStatus::True,
+            recovering::AWAITING_TERMINAL_EXECUTOR.into()
+        ))
+    );
+    // The node is cut off: its kubelet never reports the end.
+    tokio::time::advance(recovery::TERMINATION_UNCONFIRMED_AFTER + Duration::from_secs(31)).await;
+    reconciler.reconcile(ENV).await.unwrap();
+    let env = world.env().await;
+    let status = env.status.clone().unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::FenceUnknown));
+    assert!(status.termination_proof.is_none());
+    let condition = cond(&env, recovering::RECOVERING).unwrap();
+    assert_eq!(
+        (condition.status, condition.reason.as_str()),
+        (ConditionStatus::False, recovering::TERMINATION_UNCONFIRMED)
+    );
+    assert_eq!(condition.message, recovery::UNCONFIRMED_MESSAGE);
+    assert!(
+        world.pod().await.is_some(),
+        "the finalizer still holds the Pod"
+    );
+    // Once the node answers again, the recovery finishes.
+    world.mark_pod_terminated("Failed").await;
+    reconciler.reconcile(ENV).await.unwrap();
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+    assert!(status.termination_proof.is_some());
 }

@@ -11,6 +11,7 @@ use super::late::remove_landed_late;
 use super::lifecycle::reconcile_lifecycle;
 use super::pod::{ensure_pod, pod_ready, pod_terminal};
 use super::pvc::ensure_pvc;
+use super::recovery;
 use super::revoke::stop_revoked_executor;
 use super::status::{count_fence, fence_expired, guarded, not_ready, unguarded};
 use super::validate_pod::runs_supervisor;
@@ -87,7 +88,10 @@ async fn reconcile_env(
         };
     }
     let mut lease = None;
-    if let Some(op) = &status.active_operation {
+    let fenced = status.fence_state == Some(FenceState::FenceUnknown);
+    // A fenced environment keeps its operation's identity for the record; its lease no
+    // longer decides anything (the recovery below does).
+    if let Some(op) = status.active_operation.as_ref().filter(|_| !fenced) {
         let remaining = op
             .expires_at
             .to_system_time()
@@ -153,9 +157,9 @@ async fn provision(
         return Ok(Next::Wait);
     }
     if status.fence_state == Some(FenceState::FenceUnknown) {
-        // Only the store's recovery moves a fenced environment on; nothing is provisioned
-        // or transitioned meanwhile.
-        return Ok(Next::Wait);
+        // Nothing is provisioned meanwhile: either the provider proves the executor's end
+        // itself (automatic recovery), or an administrator's recovery clears the fence.
+        return recovery::reconcile_fenced(envs, ctx, env, revision).await;
     }
     if lifecycle.is_some_and(|op| !op.id.is_empty()) {
         return reconcile_lifecycle(envs, ctx, env, revision).await;

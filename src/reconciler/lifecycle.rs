@@ -11,11 +11,11 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use super::error::ReconcileError;
 use super::pod::{ensure_pod, pod_ready, pod_terminal};
 use super::status::{fence_error, guarded};
-use super::{Context, Next, WAITING_REQUEUE, retained};
+use super::{Context, Next, WAITING_REQUEUE, recovery, retained};
 use crate::kube::crd::{
-    EXECUTOR_FINALIZER, ExecutionEnvironment, LastReplacement, LifecycleOperation, LifecyclePhase,
-    LifecycleType, ObjectIdentity, TerminalPodPhase, TerminationProof, condition, pod_name,
-    pvc_name,
+    EXECUTOR_FINALIZER, ExecutionEnvironment, FenceState, LastReplacement, LifecycleOperation,
+    LifecyclePhase, LifecycleType, ObjectIdentity, TerminalPodPhase, TerminationProof, condition,
+    pod_name, pvc_name,
 };
 use crate::metrics::FenceReason;
 use crate::templates::TemplateRevision;
@@ -89,7 +89,30 @@ pub async fn reconcile_lifecycle(
 
 impl Step<'_> {
     async fn fence(&self, what: &'static str) -> ReconcileError {
+        if recovery::is_recovery(self.op) && self.fenced() {
+            // An automatic recovery that cannot prove the end gives up and says why; the
+            // environment stays fenced, and an administrator's lifecycle is not blocked by it.
+            let fenced = ReconcileError::Fenced {
+                env: self.name.clone(),
+                what,
+            };
+            let abandoned = guarded(self.envs, self.ctx, self.env, |w| {
+                w.status.lifecycle_operation = None;
+                w.condition(
+                    recovery::reason::RECOVERING,
+                    false,
+                    recovery::reason::EXECUTOR_IDENTITY_LOST,
+                    what,
+                );
+            })
+            .await;
+            return ReconcileError::join(fenced, abandoned);
+        }
         fence_error(self.envs, self.ctx, self.env, FenceReason::Lifecycle, what).await
+    }
+
+    fn fenced(&self) -> bool {
+        self.env.status.as_ref().and_then(|s| s.fence_state) == Some(FenceState::FenceUnknown)
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -219,6 +242,10 @@ impl Step<'_> {
             }
             Some(pod) => pod,
         };
+        let recovering = recovery::is_recovery(self.op);
+        if !pod_terminal(&pod) && recovering {
+            return recovery::awaiting_end(self.envs, self.ctx, self.env, &pod).await;
+        }
         if !pod_terminal(&pod) {
             guarded(self.envs, self.ctx, self.env, |w| {
                 w.ready(
@@ -242,8 +269,12 @@ impl Step<'_> {
             pod_phase: phase,
             observed_at: crate::kube::crd::RfcTime::from_system_time(self.ctx.runtime.clock.wall()),
         };
+        let now = self.ctx.runtime.clock.wall();
         self.set_phase(LifecyclePhase::RemovingPodFinalizer, |w| {
             w.status.termination_proof = Some(proof.clone());
+            if recovering && w.status.fence_state == Some(FenceState::FenceUnknown) {
+                recovery::clear_fence_on_proof(w, now);
+            }
         })
         .await
     }
@@ -367,6 +398,14 @@ impl Step<'_> {
                 reason::REPLACEMENT_READY,
                 "the replacement executor is ready",
             );
+            if recovery::is_recovery(self.op) {
+                w.condition(
+                    recovery::reason::RECOVERING,
+                    false,
+                    recovery::reason::RECOVERED,
+                    "a new executor serves the workspace; the previous one's end is recorded",
+                );
+            }
         })
         .await?;
         Ok(Next::Wait)

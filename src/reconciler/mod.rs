@@ -6,7 +6,8 @@
 //! optimistic concurrency, delete preconditions on UID and the runtime-observation guard of
 //! every status write. Start-up ([`Reconciler::initialize`]) only reads: the preflight of the
 //! RuntimeClasses and StorageClasses the templates name, and the capacity ledger's presence.
-//! A missing or exited executor fences the environment (DECISIONS 15); failures and waiting
+//! A missing or exited executor fences the environment (DECISIONS 15), and a fenced environment
+//! is recovered by proving its exact executor's end ([`recovery`]); failures and waiting
 //! Pods are retried with exponential backoff, never in a fixed hot loop. Watch events enqueue an
 //! environment by the rules of §2.2 ([`enqueue`]): the reconciler's own status writes never
 //! wake it again.
@@ -22,6 +23,7 @@ mod phases;
 pub mod pod;
 pub mod preflight;
 pub mod pvc;
+pub mod recovery;
 mod removal;
 pub mod render;
 mod retained;

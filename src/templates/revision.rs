@@ -21,7 +21,9 @@
 //!   `value`, `effect` (strings) and `tolerationSeconds` (integer), where an empty or absent
 //!   string member and an absent `tolerationSeconds` are omitted;
 //! - **empty is the same as absent**: `imagePullSecrets`, `nodeSelector` and `tolerations` are
-//!   omitted when they are absent *or* empty (`[]`, `{}`), so both spellings give one id.
+//!   omitted when they are absent *or* empty (`[]`, `{}`), so both spellings give one id;
+//! - `recovery` is the string `manual` when set so, and omitted at its default (`automatic`,
+//!   written or not), so every revision written before the setting existed keeps its id.
 //!
 //! Byte compatibility with the reference Go encoder is not a goal. The snapshot tests below pin
 //! the encoding; changing it changes every revision id, which fences every existing environment.
@@ -30,7 +32,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use super::jcs::to_canonical_json;
-use super::spec::ExecutionSpec;
+use super::spec::{ExecutionSpec, RecoveryMode};
 use super::toleration::Toleration;
 
 /// The prefix of every revision id of this encoding.
@@ -80,6 +82,9 @@ pub fn canonical_value(spec: &ExecutionSpec) -> Value {
         json!(spec.max_command_duration_millis()),
     );
     put("maxEnvironments", json!(spec.max_environments()));
+    if spec.recovery() != RecoveryMode::default() {
+        put("recovery", json!(spec.recovery().as_str()));
+    }
     Value::Object(object)
 }
 
@@ -224,6 +229,46 @@ tolerations:
         assert_ne!(
             canonical_template_revision(&absent),
             canonical_template_revision(&configured)
+        );
+    }
+
+    #[test]
+    fn automatic_recovery_keeps_existing_revision_ids_and_manual_changes_them() {
+        let absent = spec_from(BASE);
+        let automatic = spec_from(&format!("{BASE}recovery: automatic\n"));
+        let manual = spec_from(&format!("{BASE}recovery: manual\n"));
+        // The default, written or not, is left out of the hash: revisions written before the
+        // setting existed keep their ids (the fixture's id is pinned by a snapshot above).
+        assert_eq!(canonical_json(&absent), canonical_json(&automatic));
+        assert_eq!(
+            canonical_template_revision(&absent),
+            canonical_template_revision(&automatic)
+        );
+        assert!(canonical_json(&manual).contains("\"recovery\":\"manual\""));
+        assert_ne!(
+            canonical_template_revision(&absent),
+            canonical_template_revision(&manual)
+        );
+        let fixture =
+            crate::templates::TemplateRegistry::from_yaml_str(FIXTURE, "templates.yaml").unwrap();
+        let pinned = fixture
+            .default_template("default")
+            .unwrap()
+            .revision()
+            .to_owned();
+        let written = FIXTURE.replace(
+            "          maxEnvironments: 100\n",
+            "          maxEnvironments: 100\n          recovery: automatic\n",
+        );
+        assert_ne!(
+            written, FIXTURE,
+            "the fixture's revision gained the setting"
+        );
+        let automatic =
+            crate::templates::TemplateRegistry::from_yaml_str(&written, "templates.yaml").unwrap();
+        assert_eq!(
+            automatic.default_template("default").unwrap().revision(),
+            pinned
         );
     }
 

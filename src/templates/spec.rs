@@ -68,6 +68,32 @@ pub struct ProfileSpec {
     pub max_command_duration: String,
     /// Most environments of this template (pooled across its revisions).
     pub max_environments: i64,
+    /// Whether a fenced environment whose executor cannot answer is recovered by the provider
+    /// itself (`automatic`, the default) or only by an administrator (`manual`).
+    #[serde(default)]
+    pub recovery: Option<RecoveryMode>,
+}
+
+/// How a fenced environment of a revision moves on (docs/operating.md, "Recovery").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RecoveryMode {
+    /// The reconciler deletes the exact executor Pod, waits for its kubelet-confirmed end,
+    /// records that proof and starts a new executor on the same workspace (the default).
+    #[default]
+    Automatic,
+    /// Only the administrator lifecycle moves a fenced environment on.
+    Manual,
+}
+
+impl RecoveryMode {
+    /// The word written in templates files and in the canonical JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Automatic => "automatic",
+            Self::Manual => "manual",
+        }
+    }
 }
 
 /// A rule of §3.1 that a [`ProfileSpec`] breaks: the YAML field and why.
@@ -115,6 +141,7 @@ pub struct ExecutionSpec {
     max_command_bytes: u64,
     max_command_duration_millis: u64,
     max_environments: u32,
+    recovery: RecoveryMode,
 }
 
 impl ProfileSpec {
@@ -184,6 +211,7 @@ impl ProfileSpec {
             max_command_duration_millis,
             max_environments: u32::try_from(max_environments)
                 .expect("maxEnvironments is bounded by 10000"),
+            recovery: self.recovery.unwrap_or_default(),
         })
     }
 }
@@ -387,5 +415,9 @@ impl ExecutionSpec {
     /// Most environments of the template (1..=10 000).
     pub fn max_environments(&self) -> u32 {
         self.max_environments
+    }
+    /// How a fenced environment of this revision is recovered.
+    pub fn recovery(&self) -> RecoveryMode {
+        self.recovery
     }
 }
