@@ -387,6 +387,37 @@ fn admission(
     if op.expected_pvc_uid != pvc {
         why.push("the PVC is not the expected one");
     }
+    if execution_provider::reconciler::recovery::is_recovery(op) {
+        // The reconciler's automatic recovery (DECISIONS 15 as amended): admitted only on a
+        // fenced environment, for exactly its epoch and Pod; the operation and claim it keeps
+        // are cleared by the proof write, not by the admission.
+        let pod = after.pod.as_ref().map(|p| p.uid.clone());
+        if before.fence_state != Some(FenceState::FenceUnknown) {
+            why.push("an automatic recovery needs a fenced environment");
+        }
+        if op.expected_epoch != after.epoch || op.expected_pod_uid != pod {
+            why.push("the epoch or Pod is not the expected one");
+        }
+    } else {
+        ordinary_admission(before, after, op, &mut why);
+    }
+    if !why.is_empty() {
+        found.push(format!(
+            "§10.25 {name}: lifecycle operation {} ({:?}) admitted although {}",
+            op.id,
+            op.type_,
+            why.join(", ")
+        ));
+    }
+}
+
+/// §10.25 for an administrator's (or an upgrade's) admission: idle and healthy.
+fn ordinary_admission(
+    before: &ExecutionEnvironmentStatus,
+    after: &ExecutionEnvironmentStatus,
+    op: &execution_provider::kube::crd::LifecycleOperation,
+    why: &mut Vec<&'static str>,
+) {
     if after.active_operation.is_some() {
         why.push("an operation is active");
     }
@@ -422,13 +453,5 @@ fn admission(
                 why.push("it was neither Ready nor proven terminated");
             }
         }
-    }
-    if !why.is_empty() {
-        found.push(format!(
-            "§10.25 {name}: lifecycle operation {} ({:?}) admitted although {}",
-            op.id,
-            op.type_,
-            why.join(", ")
-        ));
     }
 }
