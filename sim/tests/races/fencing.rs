@@ -35,7 +35,7 @@ fn an_operation_whose_holder_crashed_is_fenced_at_its_lease_deadline_keeping_its
                 .find_map(|w| w.strip_prefix("epoch="))
                 .and_then(|e| e.parse::<u64>().ok())
         };
-        let recovered = after.contains("fence=Healthy op=- ") && epoch(&after) > epoch(&before);
+        let recovered = after.contains("fence=Healthy op=- ") && epoch(after) > epoch(before);
         assert!(
             after.contains(&format!("fence=FenceUnknown op={id} ")) || recovered,
             "not fenced at its deadline, or its identity lost: {after}"
