@@ -21,4 +21,5 @@ pub mod sandbox;
 pub mod security;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod templates;

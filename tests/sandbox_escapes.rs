@@ -52,6 +52,7 @@ impl Environment {
             limits: Default::default(),
             connections: Default::default(),
             unsafe_no_isolation: !isolated,
+            telemetry: Default::default(),
         };
         let dev = execution_provider::cli::dev::start(&args)
             .await

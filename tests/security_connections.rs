@@ -78,6 +78,7 @@ async fn start(state: &Path, helper: PathBuf, connections: ConnectionBounds) -> 
         limits: Default::default(),
         connections,
         unsafe_no_isolation: false,
+        telemetry: Default::default(),
     };
     execution_provider::cli::dev::start(&args)
         .await

@@ -23,6 +23,7 @@ use crate::runtime::net::{Net, TokioNet};
 use crate::security::{self, Security, SecurityManager, SecuritySettings, manager};
 use crate::server::ConnectionBounds;
 use crate::server::limiter::LimiterBounds;
+use crate::telemetry::TelemetryArgs;
 use crate::templates::TemplateRegistry;
 
 /// The namespace `dev` keeps its environments in.
@@ -61,6 +62,9 @@ pub struct DevArgs {
     /// Bounds on connections and TLS handshakes of the gRPC port.
     #[command(flatten)]
     pub connections: ConnectionBounds,
+    /// Log format (and traces).
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
     /// Run commands and file operations without any isolation: as this process's user, with
     /// the whole host's files (the state directory's keys included), network and processes
     /// in reach. Without it `dev` refuses to start where it cannot isolate environments.

@@ -47,6 +47,15 @@ pub enum Command {
 
 /// Runs the command line and returns the process exit code.
 pub async fn main(cli: Cli) -> i32 {
+    let telemetry = match &cli.command {
+        Command::Dev(args) => &args.telemetry,
+        Command::Serve(args) => &args.telemetry,
+        _ => &crate::telemetry::TelemetryArgs::default(),
+    };
+    if let Err(error) = crate::telemetry::install(telemetry) {
+        eprintln!("error: {error:#}");
+        return 1;
+    }
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|()| 0),
         Command::Serve(args) => serve::run(*args).await.map(|()| 0),

@@ -21,6 +21,7 @@ use crate::runtime::net::{Net, TokioNet};
 use crate::security::{self, Security, SecurityManager, SecuritySettings, manager, supervisor_key};
 use crate::server::ConnectionBounds;
 use crate::server::limiter::LimiterBounds;
+use crate::telemetry::TelemetryArgs;
 use crate::templates::TemplateRegistry;
 
 /// Flags of `serve`; each also reads an `EXECUTION_PROVIDER_*` environment variable.
@@ -96,6 +97,9 @@ pub struct ServeArgs {
     /// Bounds on connections and TLS handshakes of the gRPC port.
     #[command(flatten)]
     pub connections: ConnectionBounds,
+    /// Log format (and traces).
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
 }
 
 fn parse_reload_interval(text: &str) -> Result<std::time::Duration, String> {

@@ -162,6 +162,11 @@ impl Store {
         }
     }
 
+    /// The clock this store reads time through.
+    pub fn clock(&self) -> Arc<dyn crate::runtime::clock::Clock> {
+        self.runtime.clock.clone()
+    }
+
     /// This store, recording claims, lease renewals, fences and recoveries in `metrics`.
     pub fn with_metrics(mut self, metrics: LifecycleMetrics) -> Self {
         self.metrics = metrics;

@@ -46,6 +46,7 @@ async fn start_dev_with(state_dir: &Path, unsafe_no_isolation: bool) -> DevProvi
         limits: Default::default(),
         connections: Default::default(),
         unsafe_no_isolation,
+        telemetry: Default::default(),
     };
     execution_provider::cli::dev::start(&args)
         .await

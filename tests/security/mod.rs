@@ -59,6 +59,7 @@ pub async fn start_dev_with(
         limits,
         connections: Default::default(),
         unsafe_no_isolation: false,
+        telemetry: Default::default(),
     };
     let runtime = Runtime {
         clock,

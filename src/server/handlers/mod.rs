@@ -5,6 +5,9 @@
 //! the file of its group: [`catalog`], [`allocation`], [`claims`], [`references`], [`admin`],
 //! [`describe`], [`data_plane`] and [`commands`]; [`auth`] holds the authentication and shape
 //! checks they share.
+//!
+//! Every data-plane call (files, commands, run claims) writes one audit line when it is
+//! answered ([`crate::telemetry::audit`]).
 
 mod admin;
 mod allocation;
@@ -18,14 +21,17 @@ mod references;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
 use crate::api::pb;
 use crate::api::pb::execution_provider_service_server::ExecutionProviderService;
+use crate::runtime::clock::Clock;
 use crate::security::Security;
 use crate::server::limiter::RpcLimiter;
 use crate::store::Store;
+use crate::telemetry::audit::AuditCall;
 
 /// Capabilities every template offers.
 pub const CAPABILITIES: [&str; 2] = ["filesystem", "foreground-command"];
@@ -35,6 +41,8 @@ pub const CAPABILITIES: [&str; 2] = ["filesystem", "foreground-command"];
 pub struct ProviderService {
     store: Store,
     security: Security,
+    /// Times the audited calls.
+    clock: Arc<dyn Clock>,
     /// The bound of open output streams, apart from the unary limiter (docs/commands.md §6).
     streams: RpcLimiter,
 }
@@ -48,6 +56,7 @@ impl ProviderService {
         )
         .expect("the stream bounds are valid");
         Self {
+            clock: store.clock(),
             store,
             security,
             streams,
@@ -75,6 +84,29 @@ macro_rules! delegate {
     };
 }
 
+/// [`delegate!`] for the data-plane calls: each answer also writes the call's audit line.
+macro_rules! delegate_audited {
+    ($($method:ident => $handler:ident($req:ty) -> $resp:ty, $name:literal;)*) => {
+        $(
+            fn $method<'life0, 'async_trait>(
+                &'life0 self,
+                request: Request<$req>,
+            ) -> RpcFuture<'async_trait, $resp>
+            where
+                'life0: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin(async move {
+                    let audit = AuditCall::begin($name, &request, self.clock.clone());
+                    let answered = self.$handler(request).await;
+                    audit.finish(&answered);
+                    answered
+                })
+            }
+        )*
+    };
+}
+
 impl ExecutionProviderService for ProviderService {
     delegate! {
         validate_profile => handle_validate_profile(pb::ValidateProfileRequest) -> pb::ValidateProfileResponse;
@@ -83,9 +115,6 @@ impl ExecutionProviderService for ProviderService {
         ensure_environment => handle_ensure_environment(pb::EnsureEnvironmentRequest) -> pb::EnsureEnvironmentResponse;
         ensure_template => handle_ensure_template(pb::EnsureTemplateRequest) -> pb::EnsureEnvironmentResponse;
         attach_environment => handle_attach_environment(pb::AttachEnvironmentRequest) -> pb::AttachEnvironmentResponse;
-        acquire_run => handle_acquire_run(pb::AcquireRunRequest) -> pb::RunClaimResponse;
-        renew_run => handle_renew_run(pb::RenewRunRequest) -> pb::RunClaimResponse;
-        release_run => handle_release_run(pb::ReleaseRunRequest) -> ();
         commit_reference => handle_commit_reference(pb::ReferenceMutationRequest) -> ();
         abort_reference => handle_abort_reference(pb::ReferenceMutationRequest) -> ();
         prepare_reference_delete => handle_prepare_reference_delete(pb::ReferenceMutationRequest) -> ();
@@ -101,14 +130,20 @@ impl ExecutionProviderService for ProviderService {
         revoke_environment => handle_revoke_environment(pb::RevokeEnvironmentRequest) -> pb::RevokeEnvironmentResponse;
         migrate_environment => handle_migrate_environment(pb::MigrateEnvironmentRequest) -> ();
         describe_environment => handle_describe_environment(pb::DescribeEnvironmentRequest) -> pb::DescribeEnvironmentResponse;
-        files => handle_files(pb::FileRequest) -> pb::FileResponse;
-        start_command => handle_start_command(pb::CommandStartRequest) -> pb::CommandStartResponse;
-        command_status => handle_command_status(pb::CommandQueryRequest) -> pb::CommandStatusResponse;
-        cancel_command => handle_cancel_command(pb::CommandQueryRequest) -> pb::CommandStatusResponse;
-        write_command_stdin => handle_write_command_stdin(pb::CommandStdinRequest) -> pb::CommandStdinResponse;
-        signal_command => handle_signal_command(pb::CommandSignalRequest) -> pb::CommandStatusResponse;
-        resize_command => handle_resize_command(pb::CommandResizeRequest) -> ();
-        list_commands => handle_list_commands(pb::ListCommandsRequest) -> pb::ListCommandsResponse;
+    }
+
+    delegate_audited! {
+        acquire_run => handle_acquire_run(pb::AcquireRunRequest) -> pb::RunClaimResponse, "AcquireRun";
+        renew_run => handle_renew_run(pb::RenewRunRequest) -> pb::RunClaimResponse, "RenewRun";
+        release_run => handle_release_run(pb::ReleaseRunRequest) -> (), "ReleaseRun";
+        files => handle_files(pb::FileRequest) -> pb::FileResponse, "Files";
+        start_command => handle_start_command(pb::CommandStartRequest) -> pb::CommandStartResponse, "StartCommand";
+        command_status => handle_command_status(pb::CommandQueryRequest) -> pb::CommandStatusResponse, "CommandStatus";
+        cancel_command => handle_cancel_command(pb::CommandQueryRequest) -> pb::CommandStatusResponse, "CancelCommand";
+        write_command_stdin => handle_write_command_stdin(pb::CommandStdinRequest) -> pb::CommandStdinResponse, "WriteCommandStdin";
+        signal_command => handle_signal_command(pb::CommandSignalRequest) -> pb::CommandStatusResponse, "SignalCommand";
+        resize_command => handle_resize_command(pb::CommandResizeRequest) -> (), "ResizeCommand";
+        list_commands => handle_list_commands(pb::ListCommandsRequest) -> pb::ListCommandsResponse, "ListCommands";
     }
 
     type FollowCommandStream = commands::OutputEvents;
@@ -121,7 +156,12 @@ impl ExecutionProviderService for ProviderService {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        Box::pin(self.handle_follow_command(request))
+        Box::pin(async move {
+            let audit = AuditCall::begin("FollowCommand", &request, self.clock.clone());
+            let answered = self.handle_follow_command(request).await;
+            audit.finish(&answered);
+            answered
+        })
     }
 
     type AttachCommandStream = commands::OutputEvents;
@@ -134,6 +174,12 @@ impl ExecutionProviderService for ProviderService {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        Box::pin(self.handle_attach_command(request))
+        Box::pin(async move {
+            // The subject arrives in the stream's first input, which the handler reads.
+            let audit = AuditCall::anonymous("AttachCommand", &request, self.clock.clone());
+            let answered = self.handle_attach_command(request).await;
+            audit.finish(&answered);
+            answered
+        })
     }
 }

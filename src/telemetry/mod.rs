@@ -1,0 +1,112 @@
+//! What the provider tells its operators besides metrics: log lines (text for people, JSON for
+//! collectors), the audit line of every data-plane call ([`audit`]), and the one place that
+//! installs the process's `tracing` subscriber for `serve`, `dev` and the client.
+//!
+//! The filter comes from `EXECUTION_PROVIDER_LOG` (an `EnvFilter` directive list); without it,
+//! warnings and the audit lines ([`DEFAULT_FILTER`]).
+
+pub mod audit;
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::registry::LookupSpan;
+
+/// The environment variable holding the log filter.
+pub const LOG_FILTER_ENV: &str = "EXECUTION_PROVIDER_LOG";
+
+/// The filter without [`LOG_FILTER_ENV`]: warnings, and every audit line.
+pub const DEFAULT_FILTER: &str = "warn,execution_provider::audit=info";
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, the event's fields
+    /// (`message` among them) at the top level, and the current span.
+    Json,
+}
+
+/// The telemetry flags of `serve` and `dev`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TelemetryArgs {
+    /// How log lines are written to standard error: `text` or `json` (one object a line).
+    #[arg(
+        long,
+        env = "EXECUTION_PROVIDER_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    pub log_format: LogFormat,
+}
+
+/// The filter of [`LOG_FILTER_ENV`], else [`DEFAULT_FILTER`].
+pub fn filter_from_env() -> EnvFilter {
+    EnvFilter::try_from_env(LOG_FILTER_ENV).unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER))
+}
+
+/// The layer writing log lines in `format` to `writer`.
+pub fn log_layer<S, W>(format: LogFormat, writer: W) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let layer = tracing_subscriber::fmt::layer().with_writer(writer);
+    match format {
+        LogFormat::Text => layer.boxed(),
+        LogFormat::Json => layer
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .boxed(),
+    }
+}
+
+/// The subscriber of a process: `filter`, then log lines in `format` to `writer`.
+pub fn subscriber<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    writer: W,
+) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(log_layer(format, writer))
+}
+
+/// Installs the process's subscriber: the filter from the environment, log lines in the
+/// format `args` choose on standard error. Fails only when one is installed already.
+pub fn install(args: &TelemetryArgs) -> anyhow::Result<()> {
+    let subscriber = subscriber(args.log_format, filter_from_env(), std::io::stderr);
+    tracing::subscriber::set_global_default(subscriber)
+        .map_err(|e| anyhow::anyhow!("cannot install the log subscriber: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[test]
+    fn the_log_format_is_a_flag_and_an_environment_variable_defaulting_to_text() {
+        let parse = |argv: &[&str]| match crate::cli::Cli::try_parse_from(argv) {
+            Ok(cli) => match cli.command {
+                crate::cli::Command::Dev(args) => Ok(args.telemetry.log_format),
+                other => panic!("parsed {other:?}"),
+            },
+            Err(e) => Err(e),
+        };
+        assert_eq!(parse(&["ep", "dev"]).unwrap(), LogFormat::Text);
+        assert_eq!(
+            parse(&["ep", "dev", "--log-format", "json"]).unwrap(),
+            LogFormat::Json
+        );
+        assert!(parse(&["ep", "dev", "--log-format", "yaml"]).is_err());
+    }
+}
