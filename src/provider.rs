@@ -139,7 +139,8 @@ pub async fn run_with<N: Net>(
         deps.metrics.executor().wrap(deps.executor.clone()),
         deps.runtime.clone(),
     )
-    .with_metrics(deps.metrics.lifecycle().clone());
+    .with_metrics(deps.metrics.lifecycle().clone())
+    .with_events(reconciler.events());
     // Detached commands whose claim lapses are ended by the reconciler's passes, judging the
     // claim's client by this replica's security state (docs/commands.md §5.5).
     reconciler.watch_commands(CommandWarden::new(

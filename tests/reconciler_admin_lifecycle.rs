@@ -599,3 +599,31 @@ async fn an_executor_of_the_previous_main_process_is_kept_while_a_claim_or_an_op
     assert!(phase(&env).is_some(), "{:?}", env.status);
     assert!(env.status.unwrap().active_run.is_none());
 }
+
+#[tokio::test]
+async fn an_administrators_replacement_and_retirement_are_events_step_by_step() {
+    let world = World::new().await;
+    let (store, reconciler) = provisioned(&world).await;
+    world.record_events(&reconciler);
+    let replace = request(&world, "op-replace").await;
+    store.replace_executor(&replace).await.unwrap();
+    drive(&world, &reconciler, &replace.expected_pod_uid).await;
+    let retire = request(&world, "op-retire").await;
+    store.retire_environment(&retire).await.unwrap();
+    drive(&world, &reconciler, &retire.expected_pod_uid).await;
+    let step = |phase: &str| event("Normal", "LifecycleStep", phase);
+    assert_eq!(
+        world.events(9).await,
+        vec![
+            step("WaitingForTermination"),
+            step("RemovingPodFinalizer"),
+            step("WaitingForPodDeletion"),
+            step("CreatingReplacement"),
+            event("Normal", "ExecutorReplaced", "ReplaceExecutor"),
+            step("WaitingForTermination"),
+            step("RemovingPodFinalizer"),
+            step("WaitingForPodDeletion"),
+            event("Normal", "Retired", "RetireEnvironment"),
+        ]
+    );
+}

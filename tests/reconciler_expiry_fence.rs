@@ -554,3 +554,112 @@ async fn a_pod_stuck_terminating_stays_fenced_with_the_operators_way_out() {
     assert_eq!(status.fence_state, Some(FenceState::Healthy));
     assert!(status.termination_proof.is_some());
 }
+
+/// Runs a fenced environment's automatic recovery to its end, playing the kubelet.
+async fn recover_automatically(world: &World, reconciler: &Reconciler) {
+    let old_pod = world.env().await.status.unwrap().pod.unwrap().uid;
+    reconciler.reconcile(ENV).await.unwrap();
+    reconciler.reconcile(ENV).await.unwrap();
+    world.mark_pod_terminated("Failed").await;
+    for _ in 0..10 {
+        if world
+            .env()
+            .await
+            .status
+            .unwrap()
+            .lifecycle_operation
+            .is_none()
+        {
+            return;
+        }
+        if let Some(pod) = world.pod().await
+            && pod.metadata.uid.as_deref() != Some(old_pod.as_str())
+            && !execution_provider::reconciler::pod::pod_ready(&pod)
+        {
+            world.mark_pod_ready().await;
+        }
+        reconciler.reconcile(ENV).await.unwrap();
+    }
+    panic!("the recovery did not finish");
+}
+
+#[tokio::test]
+async fn a_fence_and_its_automatic_recovery_are_events_on_the_environment() {
+    let world = World::new().await;
+    let (_store, reconciler) = provisioned(&world).await;
+    world.record_events(&reconciler);
+    fenced_by_expiry(&world, &reconciler).await;
+    // Fenced again (already fenced): no second event.
+    reconciler.reconcile(ENV).await.ok();
+    recover_automatically(&world, &reconciler).await;
+    let step = |phase: &str| event("Normal", "LifecycleStep", phase);
+    assert_eq!(
+        world.events(7).await,
+        vec![
+            event("Warning", "Fenced", "LeaseExpired"),
+            event("Normal", "RecoveryStarted", "AutomaticRecovery"),
+            step("WaitingForTermination"),
+            step("RemovingPodFinalizer"),
+            step("WaitingForPodDeletion"),
+            step("CreatingReplacement"),
+            event("Normal", "Recovered", "AutomaticRecovery"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_blocked_recovery_is_one_warning_and_an_administrators_recovery_an_event() {
+    let world = World::new().await;
+    let manual = registry_of(&[(
+        execution(|v| v["recovery"] = serde_json::json!("manual")),
+        false,
+    )]);
+    let (store, reconciler) = provisioned_with(&world, manual).await;
+    let store = store.with_events(world.record_events(&reconciler));
+    fenced_by_expiry(&world, &reconciler).await;
+    for _ in 0..3 {
+        reconciler.reconcile(ENV).await.unwrap();
+    }
+    world.mark_pod_terminated("Failed").await;
+    store
+        .recover_environment(&recovery(&world).await)
+        .await
+        .unwrap();
+    assert_eq!(
+        world.events(3).await,
+        vec![
+            event("Warning", "Fenced", "LeaseExpired"),
+            event("Warning", "RecoveryBlocked", recovering::MANUAL_RECOVERY),
+            event("Normal", "Recovered", "RecoverEnvironment"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn event_writes_that_fail_or_hang_neither_fail_nor_block_the_reconcile() {
+    let world = World::new().await;
+    let (_store, reconciler) = provisioned(&world).await;
+    world.record_events(&reconciler);
+    world.hooks.rule(Rule {
+        method: "POST",
+        path: "/events",
+        suffix: "",
+        times: 1,
+        action: Action::Refuse(500, "InternalError", "the events store is down"),
+    });
+    world.hooks.rule(Rule {
+        method: "POST",
+        path: "/events",
+        suffix: "",
+        times: 100,
+        action: Action::Before(Arc::new(|| Box::pin(futures::future::pending::<()>()))),
+    });
+    // The fence's event is refused, the recovery's hang: every reconcile still answers.
+    fenced_by_expiry(&world, &reconciler).await;
+    recover_automatically(&world, &reconciler).await;
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+    let refused = world.hooks.seen("POST", "/events");
+    assert_eq!(refused.first().map(|s| s.code), Some(500), "{refused:?}");
+    assert!(world.events(0).await.is_empty());
+}

@@ -24,6 +24,7 @@ use crate::security::{self, Security, SecurityManager, SecuritySettings, manager
 use crate::server::ConnectionBounds;
 use crate::server::limiter::LimiterBounds;
 use crate::telemetry::TelemetryArgs;
+use crate::telemetry::events::EventRecorder;
 use crate::templates::TemplateRegistry;
 
 /// The namespace `dev` keeps its environments in.
@@ -221,6 +222,7 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         connections: args.connections,
     };
     let reconciler = provider::reconciler(&deps, &settings);
+    reconciler.record_events(EventRecorder::new(deps.kube.clone(), DEV_NAMESPACE, None));
     let health_listener = TokioNet
         .bind(args.health_listen)
         .await

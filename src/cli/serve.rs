@@ -22,6 +22,7 @@ use crate::security::{self, Security, SecurityManager, SecuritySettings, manager
 use crate::server::ConnectionBounds;
 use crate::server::limiter::LimiterBounds;
 use crate::telemetry::TelemetryArgs;
+use crate::telemetry::events::EventRecorder;
 use crate::templates::TemplateRegistry;
 
 /// Flags of `serve`; each also reads an `EXECUTION_PROVIDER_*` environment variable.
@@ -225,6 +226,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         connections: args.connections,
     };
     let reconciler = provider::reconciler(&deps, &settings);
+    // The replica's Pod name (HOSTNAME in a Pod) reports its Events.
+    let instance = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty());
+    reconciler.record_events(EventRecorder::new(
+        deps.kube.clone(),
+        &settings.namespace,
+        instance,
+    ));
     // Preflight before anything listens: a failure ends the process with its reason.
     reconciler.initialize().await.context("cannot start")?;
     // Then the first reload, which must succeed: it publishes this authority to the durable

@@ -18,6 +18,7 @@ use crate::kube::crd::{
     pod_name, pvc_name,
 };
 use crate::metrics::FenceReason;
+use crate::telemetry::events::EnvironmentEvent;
 use crate::templates::TemplateRevision;
 
 use condition::reason;
@@ -106,9 +107,21 @@ impl Step<'_> {
                 );
             })
             .await;
+            if abandoned.is_ok() {
+                self.ctx.record_event(self.env, recovery::gave_up(what));
+            }
             return ReconcileError::join(fenced, abandoned);
         }
         fence_error(self.envs, self.ctx, self.env, FenceReason::Lifecycle, what).await
+    }
+
+    fn step_event<'a>(&'a self, phase: LifecyclePhase, pod: &'a str) -> EnvironmentEvent<'a> {
+        EnvironmentEvent::LifecycleStep {
+            kind: self.op.type_,
+            phase,
+            automatic: recovery::is_recovery(self.op),
+            pod: (pod, self.expected_pod_uid()),
+        }
     }
 
     fn fenced(&self) -> bool {
@@ -186,6 +199,8 @@ impl Step<'_> {
             extra(w);
         })
         .await?;
+        let pod = pod_name(&self.name);
+        self.ctx.record_event(self.env, self.step_event(next, &pod));
         Ok(Next::Wait)
     }
 
@@ -356,6 +371,7 @@ impl Step<'_> {
             w.ready(false, reason::RETAINED, "retired; workspace retained");
         })
         .await?;
+        self.ctx.record_event(self.env, EnvironmentEvent::Retired);
         Ok(Next::Wait)
     }
 
@@ -408,6 +424,10 @@ impl Step<'_> {
             }
         })
         .await?;
+        let automatic = recovery::is_recovery(self.op);
+        let epoch = previous_epoch + 1;
+        let replaced = EnvironmentEvent::ExecutorReplaced { epoch, automatic };
+        self.ctx.record_event(self.env, replaced);
         Ok(Next::Wait)
     }
 }

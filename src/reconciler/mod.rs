@@ -49,6 +49,7 @@ pub use error::{InitError, ReconcileError};
 use crate::kube::crd::{ExecutionEnvironment, LABEL_ENVIRONMENT, LEDGER_SHARDS, ledger_shard_name};
 use crate::metrics::{LifecycleMetrics, ReconcileMetrics};
 use crate::runtime::Runtime;
+use crate::telemetry::events::{EnvironmentEvent, EventRecorder};
 use crate::templates::TemplateRegistry;
 
 /// First wait after a failed reconcile; doubles with every further failure.
@@ -113,6 +114,17 @@ pub struct Context {
     /// Ends supervised commands whose claim lapsed (docs/commands.md §5.5); none: this
     /// reconciler runs without a store (tests, tools), and no command is judged.
     commands: std::sync::OnceLock<crate::store::command_authority::CommandWarden>,
+    /// Publishes Events on environments; none: no events (tests, tools, the simulator).
+    events: std::sync::OnceLock<EventRecorder>,
+}
+
+impl Context {
+    /// Records `event` about `env`, best effort (never waits, never fails the reconcile).
+    pub(crate) fn record_event(&self, env: &ExecutionEnvironment, event: EnvironmentEvent<'_>) {
+        if let Some(events) = self.events.get() {
+            events.record(env, event);
+        }
+    }
 }
 
 /// One reconciler per provider process.
@@ -163,6 +175,7 @@ impl Reconciler {
                 lifecycle,
                 metrics,
                 commands: std::sync::OnceLock::new(),
+                events: std::sync::OnceLock::new(),
             },
             init: OnceCell::new(),
             synced: Default::default(),
@@ -238,6 +251,17 @@ impl Reconciler {
     /// second call changes nothing).
     pub fn watch_commands(&self, warden: crate::store::command_authority::CommandWarden) {
         let _ = self.ctx.commands.set(warden);
+    }
+
+    /// Publishes Events on environments through `events` (fences, recoveries, lifecycle
+    /// steps); set once, before the reconciler runs.
+    pub fn record_events(&self, events: EventRecorder) {
+        let _ = self.ctx.events.set(events);
+    }
+
+    /// The Events publisher set by [`Reconciler::record_events`] (disabled without one).
+    pub fn events(&self) -> EventRecorder {
+        self.ctx.events.get().cloned().unwrap_or_default()
     }
 
     /// Reconciles one environment by name (what the work queue calls).

@@ -29,6 +29,7 @@ use crate::kube::crd::{
     ConditionStatus, ExecutionEnvironment, FenceState, LifecycleOperation, LifecyclePhase,
     LifecycleType, RfcTime, condition, pod_name,
 };
+use crate::telemetry::events::EnvironmentEvent;
 use crate::templates::{RecoveryMode, TemplateRevision};
 
 /// The operation id of the automatic recovery of the Pod with this UID.
@@ -163,6 +164,7 @@ pub async fn reconcile_fenced(
         },
     )
     .await?;
+    ctx.record_event(env, EnvironmentEvent::RecoveryStarted);
     Ok(Next::Wait)
 }
 
@@ -196,7 +198,29 @@ pub async fn blocked(
     guarded_while(envs, ctx, env, fenced, |w| {
         w.condition(reason::RECOVERING, false, why, message);
     })
-    .await
+    .await?;
+    record_blocked(ctx, env, why, message);
+    Ok(())
+}
+
+/// A `RecoveryBlocked` event when the `Recovering` condition was not already `why`.
+fn record_blocked(ctx: &Context, env: &ExecutionEnvironment, why: &str, message: &str) {
+    let repeated = env.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == reason::RECOVERING && c.reason == why)
+    });
+    if !repeated {
+        ctx.record_event(env, EnvironmentEvent::RecoveryBlocked { why, message });
+    }
+}
+
+/// The event of an automatic recovery that gave up because `what` no longer matched.
+pub fn gave_up(what: &str) -> EnvironmentEvent<'_> {
+    EnvironmentEvent::RecoveryBlocked {
+        why: reason::EXECUTOR_IDENTITY_LOST,
+        message: what,
+    }
 }
 
 /// While the deleted Pod has not terminated: how long to wait before looking again, after
@@ -222,6 +246,12 @@ pub async fn awaiting_end(
             );
         })
         .await?;
+        record_blocked(
+            ctx,
+            env,
+            reason::TERMINATION_UNCONFIRMED,
+            UNCONFIRMED_MESSAGE,
+        );
         return Ok(Next::After(BLOCKED_REQUEUE));
     }
     Ok(Next::After(WAITING_REQUEUE))

@@ -4,6 +4,7 @@
 //! the lifecycle operation, epoch and Pod and PVC UIDs the decision was based on, otherwise
 //! nothing is written and the reconcile ends with a conflict.
 
+use crate::telemetry::events::EnvironmentEvent;
 use kube::api::Api;
 
 use super::Context;
@@ -190,6 +191,7 @@ pub fn count_fence(ctx: &Context, observed: &ExecutionEnvironment, reason: Fence
         observed.status.as_ref().and_then(|s| s.fence_state) == Some(FenceState::FenceUnknown);
     if !already {
         ctx.lifecycle.fence(reason);
+        ctx.record_event(observed, EnvironmentEvent::Fenced(reason));
     }
 }
 

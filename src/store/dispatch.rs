@@ -26,6 +26,7 @@ use crate::executor::protocol::{ExecutorRequest, ExecutorResponse, Operation};
 use crate::executor::transport::{ExecutorTarget, TransportError};
 use crate::kube::crd::{ActiveOperation, ExecutionEnvironment, FenceState, RfcTime};
 use crate::metrics::FenceReason;
+use crate::telemetry::events::EnvironmentEvent;
 
 /// How an executor call ended, before the completion write.
 enum Outcome {
@@ -340,10 +341,12 @@ impl Store {
     /// Marks the environment FenceUnknown, best effort (the reconciler fences an abandoned
     /// operation when its lease expires).
     async fn fence(&self, env: &str, operation_id: &str) {
+        let mut uid = None;
         let result = cas::update_status(&self.api, env, |o| {
             if !self.operation_is_ours(o, operation_id) {
                 return Ok(Decision::Keep(false));
             }
+            uid.clone_from(&o.metadata.uid);
             let status = o.status.get_or_insert_with(Default::default);
             let fresh = status.fence_state != Some(FenceState::FenceUnknown);
             status.fence_state = Some(FenceState::FenceUnknown);
@@ -351,7 +354,11 @@ impl Store {
         })
         .await;
         match result {
-            Ok(true) => self.metrics.fence(FenceReason::OutcomeUnknown),
+            Ok(true) => {
+                self.metrics.fence(FenceReason::OutcomeUnknown);
+                let fenced = EnvironmentEvent::Fenced(FenceReason::OutcomeUnknown);
+                self.events.record_named(env, uid, fenced);
+            }
             Ok(false) => {}
             Err(error) => tracing::warn!(env, %error, "could not record the fence"),
         }

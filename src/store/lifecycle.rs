@@ -297,6 +297,10 @@ impl Store {
         let result = self.recover(q).await;
         let outcome = OutcomeLabels::of(result.as_ref().err().map(StoreError::code));
         self.metrics.recovery(outcome);
+        if result.is_ok() {
+            let recovered = crate::telemetry::events::EnvironmentEvent::RecoveredByAdministrator;
+            self.events.record_named(&q.env.id, None, recovered);
+        }
         result
     }
 

@@ -136,6 +136,7 @@ pub struct Store {
     ledger: ledger::Ledger,
     kube: kube::Client,
     metrics: LifecycleMetrics,
+    events: crate::telemetry::events::EventRecorder,
 }
 
 impl Store {
@@ -159,6 +160,7 @@ impl Store {
             namespace: namespace.to_owned(),
             holder_id,
             metrics: LifecycleMetrics::default(),
+            events: Default::default(),
         }
     }
 
@@ -170,6 +172,12 @@ impl Store {
     /// This store, recording claims, lease renewals, fences and recoveries in `metrics`.
     pub fn with_metrics(mut self, metrics: LifecycleMetrics) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// This store, publishing Events (its fences, administrators' recoveries) through `events`.
+    pub fn with_events(mut self, events: crate::telemetry::events::EventRecorder) -> Self {
+        self.events = events;
         self
     }
 

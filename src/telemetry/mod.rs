@@ -1,11 +1,12 @@
 //! What the provider tells its operators besides metrics: log lines (text for people, JSON for
-//! collectors), the audit line of every data-plane call ([`audit`]), and the one place that
-//! installs the process's `tracing` subscriber for `serve`, `dev` and the client.
+//! collectors), the audit line of every data-plane call ([`audit`]), Kubernetes Events on
+//! environments ([`events`]), and the one place that installs the process's `tracing` subscriber for `serve`, `dev` and the client.
 //!
 //! The filter comes from `EXECUTION_PROVIDER_LOG` (an `EnvFilter` directive list); without it,
 //! warnings and the audit lines ([`DEFAULT_FILTER`]).
 
 pub mod audit;
+pub mod events;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;

@@ -473,3 +473,61 @@ where
 pub async fn settle() {
     tokio::time::sleep(Duration::from_secs(5)).await;
 }
+
+/// One Event on the environment as read back from the API: (type, reason, action).
+pub type EventSeen = (String, String, String);
+
+impl World {
+    /// Publishes `reconciler`'s Events (and those of stores that take them) to this cluster.
+    pub fn record_events(
+        &self,
+        reconciler: &Reconciler,
+    ) -> execution_provider::telemetry::events::EventRecorder {
+        let events = execution_provider::telemetry::events::EventRecorder::new(
+            self.hooks.client(NAMESPACE),
+            NAMESPACE,
+            Some("replica-a".to_owned()),
+        );
+        reconciler.record_events(events.clone());
+        events
+    }
+
+    /// The Events about [`ENV`] in the order written, once there are at least `count` of them
+    /// (their writes are asynchronous; polled with a 10 s deadline). Each regards the
+    /// environment by name, kind and namespace, and is reported by the provider.
+    pub async fn events(&self, count: usize) -> Vec<EventSeen> {
+        use k8s_openapi::api::events::v1::Event;
+        let api = Api::<Event>::namespaced(self.client.clone(), NAMESPACE);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut listed = api.list(&Default::default()).await.unwrap().items;
+            listed.retain(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(ENV));
+            if listed.len() >= count || tokio::time::Instant::now() >= deadline {
+                listed.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+                for e in &listed {
+                    let regarding = e.regarding.as_ref().unwrap();
+                    assert_eq!(regarding.kind.as_deref(), Some("ExecutionEnvironment"));
+                    assert_eq!(regarding.namespace.as_deref(), Some(NAMESPACE));
+                    assert_eq!(
+                        e.reporting_controller.as_deref(),
+                        Some("execution-provider")
+                    );
+                    assert!(e.note.as_ref().is_some_and(|n| !n.is_empty()), "{e:?}");
+                }
+                return listed
+                    .into_iter()
+                    .map(|e| {
+                        let field = |v: Option<String>| v.unwrap_or_default();
+                        (field(e.type_), field(e.reason), field(e.action))
+                    })
+                    .collect();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// An expected Event: (type, reason, action).
+pub fn event(type_: &str, reason: &str, action: &str) -> EventSeen {
+    (type_.to_owned(), reason.to_owned(), action.to_owned())
+}
