@@ -14,6 +14,7 @@ use execution_provider::kube::crd::{ExecutionEnvironment, FenceState};
 use execution_provider::server::status::error_detail;
 use kube::api::{Api, PostParams};
 use security::*;
+use std::time::Duration;
 use tonic::Code;
 
 type Client = pb::execution_provider_service_client::ExecutionProviderServiceClient<
@@ -81,6 +82,25 @@ async fn set_fence(api: &Api<ExecutionEnvironment>, env: &str, state: FenceState
         .unwrap();
 }
 
+/// Waits for the reconciler's one write on a fenced environment of a manual-recovery
+/// template (`Recovering=False`, `ManualRecovery`), so that what is measured next is the
+/// call's own writes.
+async fn manual_recovery_recorded(api: &Api<ExecutionEnvironment>, env: &str) {
+    eventually(
+        Duration::from_secs(20),
+        "the ManualRecovery condition",
+        || async {
+            let o = api.get(env).await.unwrap();
+            o.status?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Recovering" && c.reason == "ManualRecovery")
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// The claim is current: the stat reached the helper and the query was authorized (and then
 /// found no command of that id for this claim).
 fn current(answers: &[(Code, String); 2]) -> bool {
@@ -90,6 +110,9 @@ fn current(answers: &[(Code, String); 2]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valid_grant_still_needs_the_current_claim_on_a_serving_environment() {
     let tmp = tempfile::tempdir().unwrap();
+    // The fence below is set by hand: with manual recovery the reconciler only records why it
+    // stays (once), instead of recovering it while the refusals are measured.
+    init_state_dir_with_manual_recovery(tmp.path());
     let dev = start_dev(tmp.path()).await;
     let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
     let env = ensure_ready(&mut client, "authz")
@@ -162,6 +185,7 @@ async fn a_valid_grant_still_needs_the_current_claim_on_a_serving_environment() 
 
     // Fenced: not serving.
     set_fence(&api, &env.id, FenceState::FenceUnknown).await;
+    manual_recovery_recorded(&api, &env.id).await;
     refused(
         &mut client,
         &api,

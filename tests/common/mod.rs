@@ -252,3 +252,27 @@ pub async fn acquire(
         .unwrap()
         .into_inner()
 }
+
+/// Initialises `state_dir` as `dev` would, with its default template's revision set to
+/// `recovery: manual` (the revision key recomputed): a fence a test sets by hand then stays
+/// until the test clears it, instead of being recovered automatically by the reconciler.
+pub fn init_state_dir_with_manual_recovery(state_dir: &Path) {
+    use execution_provider::templates::revision::canonical_template_revision;
+    use execution_provider::templates::spec::ProfileSpec;
+    let dir = execution_provider::cli::state_dir::StateDir::open_or_init(state_dir).unwrap();
+    let path = dir.templates_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut file: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let template = &mut file["templates"]["default"];
+    let old = template["default"].as_str().unwrap().to_owned();
+    let mut revision = template["revisions"][&old].take();
+    revision["execution"]["recovery"] = "manual".into();
+    let profile: ProfileSpec = serde_json::from_value(revision["execution"].clone()).unwrap();
+    let new = canonical_template_revision(&profile.validate().unwrap());
+    let revisions = template["revisions"].as_object_mut().unwrap();
+    revisions.remove(&old);
+    revisions.insert(new.clone(), revision);
+    template["default"] = new.into();
+    // JSON is YAML: the registry reads it back as written.
+    std::fs::write(&path, serde_json::to_vec_pretty(&file).unwrap()).unwrap();
+}
