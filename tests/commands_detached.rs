@@ -761,3 +761,218 @@ async fn a_replacement_over_an_expired_claim_first_ends_its_commands() {
     assert_ended_by_its_claim(&recorded, r.pid);
     r.dev.stop().await.unwrap();
 }
+
+/// `execution-provider client ARGS` against `dev`, with the dev client's identity.
+fn cli(
+    addr: std::net::SocketAddr,
+    dir: &std::path::Path,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_execution-provider"));
+    command
+        .arg("client")
+        .args(["--address", &addr.to_string()])
+        .arg("--state-dir")
+        .arg(dir)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+/// Runs the CLI to its end; its JSON answer.
+async fn cli_json(
+    addr: std::net::SocketAddr,
+    dir: &std::path::Path,
+    args: &[&str],
+) -> serde_json::Value {
+    let out = cli(addr, dir, args)
+        .output()
+        .await
+        .expect("the client runs");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+/// The next line the child prints, within `limit`.
+async fn next_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    limit: Duration,
+) -> String {
+    tokio::time::timeout(limit, lines.next_line())
+        .await
+        .expect("a line within the deadline")
+        .unwrap()
+        .expect("a line before the end of output")
+}
+
+fn piped(
+    mut command: tokio::process::Command,
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the client starts");
+    let stdout = child.stdout.take().unwrap();
+    (child, tokio::io::BufReader::new(stdout).lines())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_detaches_lists_follows_and_kills_and_a_foreground_exec_streams() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let dev = start_dev_unisolated(dir).await;
+    let ensured = cli_json(dev.addr, dir, &["--json", "ensure", "--binding", "cli"]).await;
+    let env_id = ensured["environment"]["id"].as_str().unwrap().to_owned();
+    let workspace = dir.join("workspaces").join(&env_id);
+
+    // `exec --detach` answers at once and leaves its claim held (saved for the binding).
+    let loop_text = "i=0; while :; do i=$((i+1)); echo line $i; while [ ! -e next-$i ]; do sleep 0.05; done; done";
+    let started = cli_json(
+        dev.addr,
+        dir,
+        &[
+            "--json",
+            "exec",
+            "--binding",
+            "cli",
+            "--detach",
+            "--ttl",
+            "2m",
+            "--",
+            loop_text,
+        ],
+    )
+    .await;
+    let id = started["commandId"].as_str().unwrap().to_owned();
+    assert!(!started["grant"].as_str().unwrap().is_empty());
+
+    // `ps` lists it, running, under the saved claim.
+    let listed = cli_json(dev.addr, dir, &["--json", "ps", "--binding", "cli"]).await;
+    let row = listed["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["commandId"] == id.as_str())
+        .cloned()
+        .expect("ps lists the detached command");
+    assert_eq!(row["state"], "running");
+    assert_eq!(row["detached"], true);
+
+    // `logs --follow` prints each line as the loop produces it: line N+1 exists only after the
+    // test let the loop go on, so every line seen came before the command's end.
+    let (mut follower, mut lines) = piped(cli(
+        dev.addr,
+        dir,
+        &["logs", "--binding", "cli", "--follow", &id],
+    ));
+    for i in 1..=3 {
+        assert_eq!(
+            next_line(&mut lines, Duration::from_secs(30)).await,
+            format!("line {i}")
+        );
+        assert!(
+            follower.try_wait().unwrap().is_none(),
+            "logs --follow is still following"
+        );
+        std::fs::write(workspace.join(format!("next-{i}")), b"").unwrap();
+    }
+    assert_eq!(
+        next_line(&mut lines, Duration::from_secs(30)).await,
+        "line 4"
+    );
+    // Without --follow: the retained output so far, from an offset.
+    let logs = cli(
+        dev.addr,
+        dir,
+        &["logs", "--binding", "cli", "--from", "7", &id],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert!(logs.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&logs.stdout),
+        "line 2\nline 3\nline 4\n"
+    );
+
+    // `kill` cancels it with a proven end and its receipt; the follower ends with it (124).
+    let killed = cli_json(dev.addr, dir, &["--json", "kill", "--binding", "cli", &id]).await;
+    assert_eq!(killed["state"], "cancelled");
+    assert_eq!(killed["terminalReceipt"].as_str().unwrap().len(), 64);
+    let followed = tokio::time::timeout(Duration::from_secs(30), follower.wait())
+        .await
+        .expect("the follower ends with the command")
+        .unwrap();
+    assert_eq!(
+        followed.code(),
+        Some(124),
+        "a cancelled command's exit code"
+    );
+    let listed = cli_json(dev.addr, dir, &["--json", "ps", "--binding", "cli"]).await;
+    assert!(
+        listed["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["commandId"] == id.as_str() && c["state"] == "cancelled")
+    );
+
+    // A foreground `exec` (reusing the saved claim) prints its first line while it still runs.
+    let (mut exec, mut lines) = piped(cli(
+        dev.addr,
+        dir,
+        &[
+            "exec",
+            "--binding",
+            "cli",
+            "--",
+            "echo first; while [ ! -e go ]; do sleep 0.05; done; echo second; exit 3",
+        ],
+    ));
+    assert_eq!(
+        next_line(&mut lines, Duration::from_secs(30)).await,
+        "first"
+    );
+    assert!(
+        exec.try_wait().unwrap().is_none(),
+        "the command has not ended"
+    );
+    std::fs::write(workspace.join("go"), b"").unwrap();
+    assert_eq!(
+        next_line(&mut lines, Duration::from_secs(30)).await,
+        "second"
+    );
+    let status = tokio::time::timeout(Duration::from_secs(30), exec.wait())
+        .await
+        .expect("exec ends with its command")
+        .unwrap();
+    assert_eq!(status.code(), Some(3), "exec exits with the command's code");
+
+    // `run release` ends the saved claim; then commands need a claim again.
+    let released = cli(dev.addr, dir, &["run", "release", "--binding", "cli"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        released.status.success(),
+        "{}",
+        String::from_utf8_lossy(&released.stderr)
+    );
+    let orphan = cli(dev.addr, dir, &["ps", "--binding", "cli"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!orphan.status.success());
+    assert!(String::from_utf8_lossy(&orphan.stderr).contains("no claim for binding cli"));
+    dev.stop().await.unwrap();
+}

@@ -10,6 +10,7 @@ use serde_json::json;
 use tonic::transport::Channel;
 
 use super::connect::ConnectArgs;
+use super::saved_claim::SavedClaims;
 use super::session::{Claim, Session};
 use crate::api::pb;
 use crate::api::pb::execution_provider_service_client::ExecutionProviderServiceClient;
@@ -70,7 +71,8 @@ pub struct ClaimArgs {
 }
 
 impl ClaimArgs {
-    fn claim(&self) -> Option<Claim> {
+    /// The claim the flags name, when they name all of it.
+    pub fn claim(&self) -> Option<Claim> {
         Some(Claim {
             grant: self.grant.clone()?,
             ..self.claim_without_grant()?
@@ -85,6 +87,7 @@ impl ClaimArgs {
             epoch: self.epoch?,
             grant_generation: self.generation?,
             grant: String::new(),
+            expires_unix_millis: 0,
         })
     }
 }
@@ -98,26 +101,33 @@ pub enum ClientCommand {
     /// Creates (or finds) the environment of a binding and waits until it is ready.
     #[command(after_help = crate::cli::examples::ENSURE)]
     Ensure(Target),
-    /// Attaches to the ready environment of a binding.
+    /// Attaches to the ready environment of a binding; with a command id, attaches to that
+    /// command instead: local stdin goes to its stdin, its output is followed to its end.
     #[command(after_help = crate::cli::examples::ATTACH)]
-    Attach(Target),
-    /// Run claims.
-    #[command(subcommand)]
-    Run(RunCommand),
-    /// Runs a shell command in the environment and exits with its exit code.
-    #[command(after_help = crate::cli::examples::EXEC)]
-    Exec {
+    Attach {
         #[command(flatten)]
         target: Target,
         #[command(flatten)]
         claim: ClaimArgs,
-        /// Command timeout (0: the template's maximum).
-        #[arg(long, default_value = "0s", value_parser = parse_duration)]
-        timeout: Duration,
-        /// The shell command.
-        #[arg(required = true, num_args = 1.., trailing_var_arg = true)]
-        command: Vec<String>,
+        /// The command to attach to (as `exec --detach` printed it).
+        command_id: Option<String>,
     },
+    /// Run claims.
+    #[command(subcommand)]
+    Run(RunCommand),
+    /// Runs a shell command in the environment, printing its output as it is produced, and
+    /// exits with its exit code; `--detach` starts it in the background instead.
+    #[command(after_help = crate::cli::examples::EXEC)]
+    Exec(super::commands::ExecArgs),
+    /// Prints a command's output (`--follow`: as it is produced, until the command ends).
+    #[command(after_help = crate::cli::examples::LOGS)]
+    Logs(super::commands::LogsArgs),
+    /// Ends a command: a cancel with its end proven, or `--signal` INT, TERM, KILL or HUP.
+    #[command(after_help = crate::cli::examples::KILL)]
+    Kill(super::commands::KillArgs),
+    /// Lists the commands of the claim.
+    #[command(after_help = crate::cli::examples::PS)]
+    Ps(super::commands::PsArgs),
     /// Files in the environment's workspace.
     #[command(subcommand)]
     File(FileCommand),
@@ -256,6 +266,7 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<i32> {
         subject: args.owner_subject.clone(),
     };
     let out = Output { json: args.json };
+    let saved = SavedClaims::new(&args.connect.state_dir);
     match args.command {
         ClientCommand::Templates => templates(client, &out).await,
         ClientCommand::Ensure(target) => {
@@ -263,7 +274,20 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<i32> {
             out.allocation(&session);
             Ok(0)
         }
-        ClientCommand::Attach(target) => {
+        ClientCommand::Attach {
+            target,
+            claim,
+            command_id: Some(id),
+        } => {
+            let session = Session::ensure(client, owner, &target, !args.json).await?;
+            let claim = super::commands::existing_claim(&session, &claim, &saved)?;
+            super::commands::attach(&session, &claim, &id, args.json).await
+        }
+        ClientCommand::Attach {
+            target,
+            command_id: None,
+            ..
+        } => {
             let session = Session::ensure(client, owner, &target, !args.json).await?;
             let attached = session.attach().await?;
             out.print(
@@ -272,24 +296,28 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<i32> {
             );
             Ok(0)
         }
-        ClientCommand::Run(command) => run_command(client, owner, command, &out).await,
-        ClientCommand::Exec {
-            target,
-            claim,
-            timeout,
-            command,
-        } => {
-            let session = Session::ensure(client, owner, &target, !args.json).await?;
-            let text = command.join(" ");
-            let result = session
-                .with_claim(claim.claim(), |s, c| {
-                    Box::pin(s.exec(c, text.clone(), timeout))
-                })
-                .await?;
-            out.command(&result)
+        ClientCommand::Run(command) => run_command(client, owner, command, &out, &saved).await,
+        ClientCommand::Exec(exec) => {
+            let session = Session::ensure(client, owner, &exec.target, !args.json).await?;
+            super::commands::exec(&session, exec, &saved, args.json).await
+        }
+        ClientCommand::Logs(logs) => {
+            let session = Session::ensure(client, owner, &logs.target, !args.json).await?;
+            let claim = super::commands::existing_claim(&session, &logs.claim, &saved)?;
+            super::commands::logs(&session, &claim, &logs, args.json).await
+        }
+        ClientCommand::Kill(kill) => {
+            let session = Session::ensure(client, owner, &kill.target, !args.json).await?;
+            let claim = super::commands::existing_claim(&session, &kill.claim, &saved)?;
+            super::commands::kill(&session, &claim, &kill, args.json).await
+        }
+        ClientCommand::Ps(ps) => {
+            let session = Session::ensure(client, owner, &ps.target, !args.json).await?;
+            let claim = super::commands::existing_claim(&session, &ps.claim, &saved)?;
+            super::commands::ps(&session, &claim, args.json).await
         }
         ClientCommand::File(command) => {
-            file_command(client, owner, command, &out, !args.json).await
+            file_command(client, owner, command, &out, &saved, !args.json).await
         }
         ClientCommand::Release(target) => {
             let session = Session::ensure(client, owner, &target, !args.json).await?;
@@ -367,6 +395,7 @@ async fn run_command(
     owner: pb::Owner,
     command: RunCommand,
     out: &Output,
+    saved: &SavedClaims,
 ) -> anyhow::Result<i32> {
     match command {
         RunCommand::Acquire {
@@ -376,26 +405,43 @@ async fn run_command(
         } => {
             let session = Session::ensure(client, owner, &target, !out.json).await?;
             let claim = session.acquire(run_id, ttl).await?;
+            saved.save(session.binding(), session.environment_id(), &claim)?;
             out.claim(&claim);
         }
         RunCommand::Renew { target, claim, ttl } => {
             let session = Session::ensure(client, owner, &target, !out.json).await?;
-            let claim = claim
-                .claim_without_grant()
-                .context("--run-id, --claim-id, --epoch and --generation are required")?;
+            let (claim, from_saved) = claim_to_name(&session, &claim, saved)?;
             let renewed = session.renew(&claim, ttl).await?;
+            if from_saved {
+                saved.save(session.binding(), session.environment_id(), &renewed)?;
+            }
             out.claim(&renewed);
         }
         RunCommand::Release { target, claim } => {
             let session = Session::ensure(client, owner, &target, !out.json).await?;
-            let claim = claim
-                .claim_without_grant()
-                .context("--run-id, --claim-id, --epoch and --generation are required")?;
+            let (claim, _) = claim_to_name(&session, &claim, saved)?;
             session.release(&claim).await?;
+            saved.forget(session.binding(), &claim.claim_id);
             out.print(json!({"released": true}), "released");
         }
     }
     Ok(0)
+}
+
+/// The claim `run renew` and `run release` name: the flags, else the binding's saved claim
+/// (whether it came from there).
+fn claim_to_name(
+    session: &Session,
+    args: &ClaimArgs,
+    saved: &SavedClaims,
+) -> anyhow::Result<(Claim, bool)> {
+    if let Some(claim) = args.claim_without_grant() {
+        return Ok((claim, false));
+    }
+    saved
+        .load(session.binding(), session.environment_id())
+        .map(|c| (c, true))
+        .context("--run-id, --claim-id, --epoch and --generation are required (no claim is saved for this binding)")
 }
 
 async fn file_command(
@@ -403,8 +449,10 @@ async fn file_command(
     owner: pb::Owner,
     command: FileCommand,
     out: &Output,
+    saved: &SavedClaims,
     spinner: bool,
 ) -> anyhow::Result<i32> {
+    use super::commands::reusable_claim;
     match command {
         FileCommand::Read {
             target,
@@ -413,7 +461,7 @@ async fn file_command(
         } => {
             let session = Session::ensure(client, owner, &target, spinner).await?;
             let response = session
-                .with_claim(claim.claim(), |s, c| {
+                .with_claim(reusable_claim(&session, &claim, saved), |s, c| {
                     Box::pin(s.file(c, read_request(&path)))
                 })
                 .await?;
@@ -434,7 +482,7 @@ async fn file_command(
             };
             let session = Session::ensure(client, owner, &target, spinner).await?;
             let version = session
-                .with_claim(claim.claim(), |s, c| {
+                .with_claim(reusable_claim(&session, &claim, saved), |s, c| {
                     Box::pin(s.write_file(c, path.clone(), content.clone()))
                 })
                 .await?;
@@ -455,7 +503,9 @@ async fn file_command(
                 ..pb::FileRequest::default()
             };
             let response = session
-                .with_claim(claim.claim(), |s, c| Box::pin(s.file(c, request.clone())))
+                .with_claim(reusable_claim(&session, &claim, saved), |s, c| {
+                    Box::pin(s.file(c, request.clone()))
+                })
                 .await?;
             out.entries(&response);
         }
@@ -502,39 +552,6 @@ impl Output {
                 c.run_id, c.claim_id, c.epoch, c.grant_generation
             ),
         );
-    }
-
-    fn command(&self, r: &pb::CommandStartResponse) -> anyhow::Result<i32> {
-        let result = r.result.clone().unwrap_or_default();
-        let state =
-            pb::CommandState::try_from(result.state).unwrap_or(pb::CommandState::Unspecified);
-        if self.json {
-            println!(
-                "{}",
-                json!({
-                    "commandId": r.command_id,
-                    "state": state.as_str_name(),
-                    "exitCode": result.exit_code,
-                    "stdout": String::from_utf8_lossy(&result.stdout),
-                    "stderr": String::from_utf8_lossy(&result.stderr),
-                    "truncated": result.truncated,
-                    "terminalReceipt": result.terminal_receipt,
-                })
-            );
-        } else {
-            use std::io::Write;
-            std::io::stdout().write_all(&result.stdout)?;
-            std::io::stderr().write_all(&result.stderr)?;
-            if result.truncated {
-                eprintln!("(output truncated)");
-            }
-        }
-        Ok(match state {
-            pb::CommandState::Succeeded => 0,
-            pb::CommandState::Cancelled => 124,
-            _ if (1..=255).contains(&result.exit_code) => result.exit_code,
-            _ => 1,
-        })
     }
 
     fn file_data(&self, r: &pb::FileResponse) {

@@ -8,7 +8,9 @@ pub const TEMPLATES: &str = "Example:\n  execution-provider client templates --j
 pub const ENSURE: &str =
     "Example:\n  execution-provider client ensure --binding my-agent --template default --wait 5m";
 /// `client attach`.
-pub const ATTACH: &str = "Example:\n  execution-provider client attach --binding my-agent";
+pub const ATTACH: &str = "Examples (the environment; a command started with `exec --detach --stdin`):\n  \
+execution-provider client attach --binding my-agent\n  \
+execution-provider client attach --binding my-agent 5d41c0de";
 /// `client run acquire`.
 pub const RUN_ACQUIRE: &str =
     "Example:\n  execution-provider client run acquire --binding my-agent --ttl 2m --json";
@@ -19,8 +21,18 @@ execution-provider client run renew --binding my-agent --run-id cli-1a2b --claim
 pub const RUN_RELEASE: &str = "Example (the values `run acquire --json` printed):\n  \
 execution-provider client run release --binding my-agent --run-id cli-1a2b --claim-id 9f3c --epoch 4 --generation 1";
 /// `client exec`.
-pub const EXEC: &str =
-    "Example:\n  execution-provider client exec --binding my-agent --timeout 30s -- cargo test";
+pub const EXEC: &str = "Examples (output printed as it is produced; in the background):\n  \
+execution-provider client exec --binding my-agent --timeout 30s -- cargo test\n  \
+execution-provider client exec --binding my-agent --detach --ttl 5m -- python3 -m http.server 8000";
+/// `client logs`.
+pub const LOGS: &str = "Example (the id `exec --detach` printed):\n  \
+execution-provider client logs --binding my-agent --follow --from 0 5d41c0de";
+/// `client kill`.
+pub const KILL: &str = "Examples (a proven cancel; a signal):\n  \
+execution-provider client kill --binding my-agent 5d41c0de\n  \
+execution-provider client kill --binding my-agent --signal INT 5d41c0de";
+/// `client ps`.
+pub const PS: &str = "Example:\n  execution-provider client ps --binding my-agent";
 /// `client file read`.
 pub const FILE_READ: &str =
     "Example:\n  execution-provider client file read --binding my-agent notes/plan.md";

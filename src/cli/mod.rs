@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod client;
+pub mod commands;
 pub mod connect;
 pub mod describe;
 pub mod dev;
@@ -10,6 +11,7 @@ pub mod dev_kubectl;
 pub mod examples;
 pub mod pki;
 pub mod refs;
+pub mod saved_claim;
 pub mod security;
 pub mod serve;
 pub mod session;

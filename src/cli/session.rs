@@ -33,16 +33,34 @@ pub struct Claim {
     pub grant_generation: u64,
     /// The signed grant minted with the claim (empty when there is none).
     pub grant: String,
+    /// When the claim expires, Unix milliseconds (0: not known).
+    pub expires_unix_millis: i64,
+}
+
+impl Claim {
+    /// No claim: the context of calls that need none (attach, reference release).
+    fn none() -> Self {
+        Self {
+            run_id: String::new(),
+            claim_id: String::new(),
+            epoch: 0,
+            grant_generation: 0,
+            grant: String::new(),
+            expires_unix_millis: 0,
+        }
+    }
 }
 
 /// A future borrowed from a session.
 pub type SessionFuture<'a, T> = Pin<Box<dyn Future<Output = anyhow::Result<T>> + Send + 'a>>;
 
 /// An ensured environment of one binding.
+#[derive(Clone)]
 pub struct Session {
     client: ExecutionProviderServiceClient<Channel>,
     owner: pb::Owner,
     binding: String,
+    template: pb::TemplateSelector,
     allocation: pb::EnsureEnvironmentResponse,
 }
 
@@ -80,6 +98,7 @@ impl Session {
             client,
             owner,
             binding: target.binding.clone(),
+            template: request.template.clone().unwrap_or_default(),
             allocation,
         };
         session.wait_ready(&request, target.wait, spinner).await?;
@@ -153,7 +172,37 @@ impl Session {
         &self.allocation
     }
 
-    fn context(&self, claim: &Claim) -> pb::RequestContext {
+    /// A client for the calls the session has no method for.
+    pub fn rpc(&self) -> ExecutionProviderServiceClient<Channel> {
+        self.client.clone()
+    }
+
+    /// The binding.
+    pub fn binding(&self) -> &str {
+        &self.binding
+    }
+
+    /// The environment's id.
+    pub fn environment_id(&self) -> &str {
+        self.allocation
+            .environment
+            .as_ref()
+            .map(|e| e.id.as_str())
+            .unwrap_or_default()
+    }
+
+    /// The template's longest command duration.
+    pub async fn max_command_duration(&self) -> anyhow::Result<Duration> {
+        let request = pb::ValidateTemplateRequest {
+            template: Some(self.template.clone()),
+        };
+        let bounds = self.client.clone().validate_template(request).await?;
+        let ms = u64::try_from(bounds.into_inner().max_command_duration_millis).unwrap_or(0);
+        Ok(Duration::from_millis(ms))
+    }
+
+    /// The request context of a call under `claim`.
+    pub fn context(&self, claim: &Claim) -> pb::RequestContext {
         pb::RequestContext {
             environment: self.allocation.environment.clone(),
             owner: Some(self.owner.clone()),
@@ -168,13 +217,7 @@ impl Session {
 
     /// Attaches to the environment.
     pub async fn attach(&self) -> anyhow::Result<pb::AttachEnvironmentResponse> {
-        let mut context = self.context(&Claim {
-            run_id: String::new(),
-            claim_id: String::new(),
-            epoch: 0,
-            grant_generation: 0,
-            grant: String::new(),
-        });
+        let mut context = self.context(&Claim::none());
         context.epoch = self.allocation.epoch;
         let request = pb::AttachEnvironmentRequest {
             context: Some(context),
@@ -268,13 +311,7 @@ impl Session {
 
     /// Releases the binding's reference.
     pub async fn release_reference(&self) -> anyhow::Result<()> {
-        let mut context = self.context(&Claim {
-            run_id: String::new(),
-            claim_id: String::new(),
-            epoch: 0,
-            grant_generation: 0,
-            grant: String::new(),
-        });
+        let mut context = self.context(&Claim::none());
         context.epoch = self.allocation.epoch;
         let request = pb::ReleaseReferenceRequest {
             context: Some(context),
@@ -398,5 +435,9 @@ fn claim_of(r: pb::RunClaimResponse) -> Claim {
         epoch: r.epoch,
         grant_generation: r.grant_generation,
         grant: r.grant,
+        expires_unix_millis: r
+            .expires_at
+            .map(|t| t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000))
+            .unwrap_or(0),
     }
 }
