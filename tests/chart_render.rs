@@ -220,13 +220,29 @@ fn the_values_schema_refuses_bad_values(helm: &Path) {
     // field. Any other failure (a broken chart, a bad flag, a missing file) is not a refusal
     // of that value.
     const SCHEMA: &str = "values don't meet the specifications of the schema";
-    let cases: [(&[&str], &[&str]); 15] = [
+    let cases: [(&[&str], &[&str]); 19] = [
         (&["--set", "provider.replicas=1"], &[SCHEMA, "replicas"]),
         (
             &["--set", "provider.image=registry.example/provider:latest"],
             &[SCHEMA, "image"],
         ),
         (&["--set", "surprise=1"], &[SCHEMA, "surprise"]),
+        (
+            &["--set", "metrics.serviceMonitor.surprise=1"],
+            &[SCHEMA, "surprise"],
+        ),
+        (
+            &["--set", "metrics.rules.limiterRejectionRatio=2"],
+            &[SCHEMA, "limiterRejectionRatio"],
+        ),
+        (
+            &["--set", "metrics.serviceMonitor.interval=soon"],
+            &[SCHEMA, "interval"],
+        ),
+        (
+            &["--set", "service.metricsPort=0"],
+            &[SCHEMA, "metricsPort"],
+        ),
         (&["--set", "provider.surprise=1"], &[SCHEMA, "surprise"]),
         (
             &["--set-json", "provider.apiServerCIDRs=[]"],
@@ -300,6 +316,8 @@ mod checks;
 mod k8s_bins;
 #[path = "chart_render/lifetime_guard.rs"]
 mod lifetime_guard;
+#[path = "chart_render/monitoring.rs"]
+mod monitoring;
 #[path = "chart_render/values_read.rs"]
 mod values_read;
 
@@ -382,6 +400,22 @@ fn main() -> std::process::ExitCode {
         chart_test(
             "each_upgrade_guard_refuses_its_case",
             lifetime_guard::each_upgrade_guard_refuses_its_case,
+        ),
+        Trial::test("the_tokenizer_finds_exactly_the_metric_names", || {
+            monitoring::the_tokenizer_finds_exactly_the_metric_names();
+            Ok(())
+        }),
+        chart_test(
+            "every_dashboard_and_alert_metric_is_one_the_scrape_test_saw",
+            monitoring::every_dashboard_and_alert_metric_is_one_the_scrape_test_saw,
+        ),
+        chart_test(
+            "the_metrics_port_and_monitoring_objects_render_when_asked",
+            monitoring::the_metrics_port_and_monitoring_objects_render_when_asked,
+        ),
+        chart_test(
+            "the_monitoring_objects_render_exactly_their_snapshot",
+            monitoring::the_monitoring_objects_render_exactly_their_snapshot,
         ),
     ];
     libtest_mimic::run(&args, trials).exit_code()
