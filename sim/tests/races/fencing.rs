@@ -28,14 +28,8 @@ fn an_operation_whose_holder_crashed_is_fenced_at_its_lease_deadline_keeping_its
             "not kept, unfenced, until its deadline: {before}"
         );
         let after = snapshot_of(&lines, live_ms + 33_000, &name);
-        // Fenced at the deadline, identity kept; or already recovered automatically (the
-        // checker proves the fence was left only by a termination proof): a new epoch.
-        let epoch = |s: &str| {
-            s.split_whitespace()
-                .find_map(|w| w.strip_prefix("epoch="))
-                .and_then(|e| e.parse::<u64>().ok())
-        };
-        let recovered = after.contains("fence=Healthy op=- ") && epoch(after) > epoch(before);
+        // Fenced at the deadline, identity kept; or already recovered automatically.
+        let recovered = recovered_since(before, after);
         assert!(
             after.contains(&format!("fence=FenceUnknown op={id} ")) || recovered,
             "not fenced at its deadline, or its identity lost: {after}"

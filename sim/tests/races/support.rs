@@ -126,6 +126,21 @@ pub fn snapshot_of<'a>(lines: &'a [Line], ms: u64, name: &str) -> &'a str {
         })
 }
 
+/// The epoch of a snapshot line.
+pub fn epoch_of(snapshot: &str) -> Option<u64> {
+    snapshot
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("epoch="))
+        .and_then(|e| e.parse().ok())
+}
+
+/// Whether `after` shows the environment of `before` recovered automatically: unfenced with
+/// no operation at a later epoch (the checker proves the fence was left only by a termination
+/// proof of the exact executor).
+pub fn recovered_since(before: &str, after: &str) -> bool {
+    after.contains("fence=Healthy op=- ") && epoch_of(after) > epoch_of(before)
+}
+
 /// Every replica crashes at once, cut from the API server (so that nothing it had in flight
 /// lands), and comes back a second later: the live operation's holder is gone for good.
 pub fn orphan_the_live_operation() -> Vec<(u64, Action)> {
