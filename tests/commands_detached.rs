@@ -957,6 +957,19 @@ async fn the_cli_detaches_lists_follows_and_kills_and_a_foreground_exec_streams(
         .expect("exec ends with its command")
         .unwrap();
     assert_eq!(status.code(), Some(3), "exec exits with the command's code");
+    // Each foreground exec under the held claim records its end: more of them than a claim's
+    // 16 open commands run one after another.
+    for i in 0..17 {
+        let out = cli(dev.addr, dir, &["exec", "--binding", "cli", "--", "true"])
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "exec {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     // `run release` ends the saved claim; then commands need a claim again.
     let released = cli(dev.addr, dir, &["run", "release", "--binding", "cli"])

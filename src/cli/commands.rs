@@ -328,6 +328,16 @@ async fn foreground(
             }
         }
     };
+    if !held.own {
+        // The claim stays held: record how the command ended now (a cancel of an ended
+        // command records its own end), so it no longer counts among the claim's open ones.
+        if let Err(error) = cancel(session, &held.claim, &id, Duration::ZERO).await {
+            eprintln!(
+                "warning: the command's end could not be recorded: {}",
+                super::describe(&error)
+            );
+        }
+    }
     printer.finish(&end)
 }
 
