@@ -663,3 +663,306 @@ async fn event_writes_that_fail_or_hang_neither_fail_nor_block_the_reconcile() {
     assert_eq!(refused.first().map(|s| s.code), Some(500), "{refused:?}");
     assert!(world.events(0).await.is_empty());
 }
+
+// Ask before fencing (the recovery issue, item 1): the reconciler asks the executor's
+// supervisor about the expired operation's id, and fences only when it cannot answer.
+
+use execution_provider::executor::protocol::CommandState;
+use execution_provider::executor::supervisor_protocol::operation_receipt;
+use execution_provider::kube::crd::{ActiveRun, RecoveredOperation};
+use execution_provider::reconciler::Next;
+use execution_provider::store::command_authority::CommandWarden;
+use execution_provider::store::expiry::ASK_DEADLINE;
+use execution_provider::store::policy::NoPolicyCheck;
+use reconciler_support::supervised::{InProcessSupervisor, Reach};
+
+/// A provisioned environment whose reconciler asks `supervisor` (through a store of its
+/// own, as the provider's warden is) before it fences; returns that store too.
+async fn asking(world: &World) -> (Arc<InProcessSupervisor>, Store, Arc<Reconciler>) {
+    let (_store, reconciler) = provisioned(world).await;
+    let supervisor = InProcessSupervisor::new(world.runtime.clone());
+    let store = Store::new(
+        world.hooks.client(NAMESPACE),
+        NAMESPACE,
+        Arc::new(registry()),
+        supervisor.clone(),
+        world.runtime.clone(),
+    );
+    reconciler.watch_commands(CommandWarden::new(store.clone(), Arc::new(NoPolicyCheck)));
+    (supervisor, store, reconciler)
+}
+
+/// The claim `c`/`r` of [`expired_operation`], current for another minute.
+fn current_claim(world: &World) -> ActiveRun {
+    ActiveRun {
+        binding_id: "binding".to_owned(),
+        run_id: "r".to_owned(),
+        claim_id: "c".to_owned(),
+        operation_id: "acquire".to_owned(),
+        owner_hash: owner_hash(ISSUER, "alice"),
+        client_hash: client_hash(ADMIN),
+        epoch: 1,
+        grant_generation: 1,
+        expires_at: RfcTime::from_system_time(world.now() + Duration::from_secs(60)),
+    }
+}
+
+/// The expired operation `op-1`, under the current claim when `claimed`.
+async fn expire(world: &World, claimed: bool) {
+    let op = expired_operation(world);
+    let run = claimed.then(|| current_claim(world));
+    world
+        .edit_status(move |s| {
+            s.active_operation = Some(op);
+            s.active_run = run;
+        })
+        .await;
+}
+
+fn assert_fenced_keeping_op_1(status: &ExecutionEnvironmentStatus) {
+    assert_eq!(status.fence_state, Some(FenceState::FenceUnknown));
+    assert_eq!(status.active_operation.as_ref().unwrap().id, "op-1");
+    assert!(status.recovered_operation.is_none());
+}
+
+#[tokio::test]
+async fn an_expired_operation_whose_end_the_supervisor_proves_is_recorded_and_cleared_unfenced() {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    supervisor.running("op-1");
+    supervisor.ended("op-1", CommandState::Succeeded, true, b"{\"response\":{}}");
+    reconciler.reconcile(ENV).await.unwrap();
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+    assert!(status.active_operation.is_none());
+    let recorded = status.recovered_operation.unwrap();
+    assert_eq!(
+        recorded,
+        RecoveredOperation {
+            id: "op-1".into(),
+            operation: "command".into(),
+            state: "succeeded".into(),
+            terminal_receipt: operation_receipt(
+                "op-1",
+                CommandState::Succeeded,
+                b"{\"response\":{}}"
+            ),
+            cancelled_by_recovery: false,
+            recorded_at: recorded.recorded_at,
+        }
+    );
+    assert_eq!(ready(&world.env().await).unwrap().0, ConditionStatus::True);
+}
+
+#[tokio::test]
+async fn an_expired_operation_whose_end_is_not_proven_is_fenced() {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    supervisor.running("op-1");
+    supervisor.ended("op-1", CommandState::FenceUnknown, false, b"");
+    reconciler.reconcile(ENV).await.unwrap();
+    assert_fenced_keeping_op_1(&world.env().await.status.unwrap());
+}
+
+#[tokio::test]
+async fn an_expired_operation_still_running_under_its_current_claim_is_adopted_and_keeps_running() {
+    let world = World::new().await;
+    let (supervisor, store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    let cancelled = supervisor.running("op-1");
+    let next = reconciler.reconcile(ENV).await.unwrap();
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+    let op = status.active_operation.unwrap();
+    assert_eq!(op.id, "op-1");
+    assert_eq!(op.holder_id, store.holder_id(), "this replica holds it now");
+    assert!(op.renewed_at.to_system_time() > expired_operation(&world).expires_at.to_system_time());
+    assert_eq!(
+        op.expires_at.to_system_time(),
+        op.renewed_at.to_system_time() + Duration::from_secs(30)
+    );
+    assert_eq!(next, Next::After(Duration::from_secs(30)));
+    assert!(!*cancelled.borrow(), "the call keeps running");
+    // It ends while adopted: at the adopted lease's expiry its end is recorded.
+    supervisor.ended("op-1", CommandState::Succeeded, true, b"{}");
+    world
+        .edit_status(|s| {
+            let op = s.active_operation.as_mut().unwrap();
+            op.expires_at = RfcTime::from_system_time(op.renewed_at.to_system_time());
+        })
+        .await;
+    reconciler.reconcile(ENV).await.unwrap();
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+    assert!(status.active_operation.is_none());
+    assert_eq!(status.recovered_operation.unwrap().state, "succeeded");
+}
+
+#[tokio::test]
+async fn an_expired_operation_still_running_after_its_claim_ended_is_cancelled_and_its_end_recorded()
+ {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, false).await;
+    let mut cancelled = supervisor.running("op-1");
+    // The call ends, proven, once it is cancelled (its helper's stdin closed).
+    let ending = supervisor.clone();
+    tokio::spawn(async move {
+        cancelled.wait_for(|c| *c).await.unwrap();
+        ending.ended("op-1", CommandState::Cancelled, true, b"{\"cancelled\":1}");
+    });
+    reconciler.reconcile(ENV).await.unwrap();
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+    assert!(status.active_operation.is_none());
+    let recorded = status.recovered_operation.unwrap();
+    assert_eq!(
+        (recorded.state.as_str(), recorded.cancelled_by_recovery),
+        ("cancelled", true)
+    );
+    assert_eq!(
+        recorded.terminal_receipt,
+        operation_receipt("op-1", CommandState::Cancelled, b"{\"cancelled\":1}")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_operation_whose_cancel_proves_no_end_is_fenced() {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    // The claim is another one now: the call's claim ended. The call never ends.
+    expire(&world, true).await;
+    world
+        .edit_status(|s| s.active_run.as_mut().unwrap().claim_id = "c2".into())
+        .await;
+    let cancelled = supervisor.running("op-1");
+    reconciler.reconcile(ENV).await.unwrap();
+    assert!(*cancelled.borrow(), "the call was cancelled");
+    assert_fenced_keeping_op_1(&world.env().await.status.unwrap());
+}
+
+#[tokio::test]
+async fn an_expired_operation_the_supervisor_cannot_answer_for_is_fenced() {
+    // Unreachable (the Pod gone, the node cut off).
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    supervisor.running("op-1");
+    supervisor.set_reach(Reach::Unreachable);
+    reconciler.reconcile(ENV).await.unwrap();
+    assert_fenced_keeping_op_1(&world.env().await.status.unwrap());
+    // An id the supervisor never journaled (a restarted container, an unjournaled call).
+    let world = World::new().await;
+    let (_supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    reconciler.reconcile(ENV).await.unwrap();
+    assert_fenced_keeping_op_1(&world.env().await.status.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_supervisor_is_given_up_on_at_the_ask_deadline_and_fenced() {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    supervisor.running("op-1");
+    supervisor.set_reach(Reach::Silent);
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(ASK_DEADLINE * 4, reconciler.reconcile(ENV))
+        .await
+        .expect("the ask gives up at its deadline")
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= ASK_DEADLINE && waited < ASK_DEADLINE + Duration::from_secs(1),
+        "{waited:?}"
+    );
+    assert_fenced_keeping_op_1(&world.env().await.status.unwrap());
+}
+
+#[tokio::test]
+async fn a_completion_landing_between_the_ask_and_the_record_is_not_overwritten() {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    supervisor.running("op-1");
+    supervisor.ended("op-1", CommandState::Succeeded, true, b"{}");
+    // The holder was not gone after all: its completion lands first, and a next operation
+    // is admitted under the same recorded expiry.
+    before_next_status_write(&world, |s| {
+        s.active_operation.as_mut().unwrap().id = "op-2".into()
+    });
+    let lost = reconciler.reconcile(ENV).await.unwrap_err();
+    assert_eq!(lost.code(), ErrorCode::Conflict, "{lost}");
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.active_operation.unwrap().id, "op-2");
+    assert!(status.recovered_operation.is_none());
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+}
+
+#[tokio::test]
+async fn a_renewal_landing_between_the_ask_and_the_adoption_is_not_overwritten() {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    supervisor.running("op-1");
+    let renewed = RfcTime::from_system_time(world.now() + Duration::from_secs(25));
+    // The holder (or another replica's adoption) renews first.
+    before_next_status_write(&world, move |s| {
+        let op = s.active_operation.as_mut().unwrap();
+        op.holder_id = "replica-b".into();
+        op.expires_at = renewed;
+    });
+    let lost = reconciler.reconcile(ENV).await.unwrap_err();
+    assert_eq!(lost.code(), ErrorCode::Conflict, "{lost}");
+    let op = world.env().await.status.unwrap().active_operation.unwrap();
+    assert_eq!(
+        (op.holder_id.as_str(), op.expires_at),
+        ("replica-b", renewed)
+    );
+}
+
+#[tokio::test]
+async fn a_claim_ending_between_the_ask_and_the_adoption_is_not_adopted() {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    supervisor.running("op-1");
+    // The claim is released after the ask: the live object no longer lets it run on.
+    before_next_status_write(&world, |s| s.active_run = None);
+    let lost = reconciler.reconcile(ENV).await.unwrap_err();
+    assert_eq!(lost.code(), ErrorCode::Conflict, "{lost}");
+    let op = world.env().await.status.unwrap().active_operation.unwrap();
+    assert_eq!(op.holder_id, "replica-a", "not adopted");
+}
+
+#[tokio::test]
+async fn a_fence_landing_between_the_ask_and_the_record_stays_fenced() {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    supervisor.running("op-1");
+    supervisor.ended("op-1", CommandState::Succeeded, true, b"{}");
+    // The holder's own fence (an unknown outcome on its side) lands first.
+    before_next_status_write(&world, |s| s.fence_state = Some(FenceState::FenceUnknown));
+    let lost = reconciler.reconcile(ENV).await.unwrap_err();
+    assert_eq!(lost.code(), ErrorCode::Conflict, "{lost}");
+    assert_fenced_keeping_op_1(&world.env().await.status.unwrap());
+}
+
+#[tokio::test]
+async fn an_answer_about_another_pod_is_not_recorded() {
+    let world = World::new().await;
+    let (supervisor, _store, reconciler) = asking(&world).await;
+    expire(&world, true).await;
+    supervisor.running("op-1");
+    supervisor.ended("op-1", CommandState::Succeeded, true, b"{}");
+    // The recorded executor changes after the ask: the answer was another Pod's.
+    before_next_status_write(&world, |s| s.pod.as_mut().unwrap().uid = "replaced".into());
+    let lost = reconciler.reconcile(ENV).await.unwrap_err();
+    assert_eq!(lost.code(), ErrorCode::Conflict, "{lost}");
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.active_operation.unwrap().id, "op-1");
+    assert!(status.recovered_operation.is_none());
+}

@@ -640,3 +640,96 @@ async fn sigterm_ends_every_command_and_exits_zero_only_once_no_process_is_left(
     assert!(!alive(escapee), "the setsid escapee is gone");
     assert!(!alive(trapping), "the command ignoring SIGTERM is gone");
 }
+
+/// Sends a one-shot helper `request` as a `call` journaled under `operation_id`; the
+/// connection is left with the call running.
+async fn begin_call(
+    s: &Supervised,
+    operation_id: &str,
+    request: &execution_provider::executor::protocol::ExecutorRequest,
+    hold_stdin: bool,
+) -> Connection {
+    let body = serde_json::to_vec(request).unwrap();
+    let mut connection = s.connect().await;
+    connection
+        .send(&SupervisorRequest::Call {
+            request_bytes: body.len() as u64,
+            hold_stdin,
+            operation_id: Some(operation_id.to_owned()),
+        })
+        .await
+        .unwrap();
+    connection
+        .send(&SupervisorRequest::CallInput { data: body })
+        .await
+        .unwrap();
+    connection
+}
+
+/// The helper's answer and exit status of a call.
+async fn call_answer(connection: &mut Connection) -> (Vec<u8>, i32) {
+    let mut answer = Vec::new();
+    loop {
+        match connection.next_reply().await.unwrap() {
+            Some(SupervisorReply::CallOutput { data }) => answer.extend_from_slice(&data),
+            Some(SupervisorReply::CallEnded { exit_code, .. }) => return (answer, exit_code),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_call_under_an_operation_id_is_journaled_running_then_with_its_receipt() {
+    use execution_provider::executor::protocol::{ExecutorRequest, Operation};
+    use execution_provider::executor::supervisor_protocol::operation_receipt;
+    let s = Supervised::enrolled().await;
+    std::fs::write(s.workspace.join("f.txt"), b"hello").unwrap();
+    let stat = ExecutorRequest::at(Operation::FileStat, "f.txt");
+    let mut call = begin_call(&s, "op-stat", &stat, false).await;
+    let (answer, exit_code) = call_answer(&mut call).await;
+    assert_eq!(exit_code, 0);
+    let entry = s.journal("op-stat", false).await.expect("journaled");
+    assert_eq!((entry.state, entry.proven), (CommandState::Succeeded, true));
+    assert_eq!(
+        entry.terminal_receipt,
+        operation_receipt("op-stat", CommandState::Succeeded, &answer)
+    );
+    // The id is used: a second call under it is refused before anything runs.
+    let mut again = begin_call(&s, "op-stat", &stat, false).await;
+    let error = error_of(again.next_reply().await.unwrap().unwrap());
+    assert_eq!(error.code, ErrorCode::Conflict);
+
+    // A foreground command runs: the journal says so; cancelling the call ends it, proven.
+    let sleep = ExecutorRequest::command("cmd-1", "sleep 60");
+    let _running = begin_call(&s, "op-sleep", &sleep, true).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while s.journal("op-sleep", false).await.is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "never journaled");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let running = s.journal("op-sleep", false).await.unwrap();
+    assert_eq!(
+        (running.state, running.proven),
+        (CommandState::Running, false)
+    );
+    let reply = s
+        .call(SupervisorRequest::CancelCall {
+            operation_id: "op-sleep".into(),
+            grace_ms: 2_000,
+        })
+        .await;
+    let SupervisorReply::Journal { entry: Some(ended) } = reply else {
+        panic!("{reply:?}");
+    };
+    assert_eq!((ended.state, ended.proven), (CommandState::Cancelled, true));
+    assert_eq!(ended.terminal_receipt.len(), 64);
+    assert_eq!(s.journal("op-sleep", false).await, Some(ended));
+    // An unknown id has nothing to cancel and no entry.
+    let reply = s
+        .call(SupervisorRequest::CancelCall {
+            operation_id: "op-unknown".into(),
+            grace_ms: 0,
+        })
+        .await;
+    assert_eq!(reply, SupervisorReply::Journal { entry: None });
+}

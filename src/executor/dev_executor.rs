@@ -94,6 +94,17 @@ impl ExecutorTransport for DevExecutor {
         self.helper.execute(target, request, cancel)
     }
 
+    fn execute_operation<'a>(
+        &'a self,
+        target: &'a ExecutorTarget,
+        operation_id: &'a str,
+        request: ExecutorRequest,
+        cancel: CancelSignal,
+    ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
+        self.helper
+            .execute_operation(target, operation_id, request, cancel)
+    }
+
     fn supervisor<'a>(
         &'a self,
         target: &'a SupervisorTarget,

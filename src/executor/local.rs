@@ -159,7 +159,9 @@ impl LocalTransport {
             environment: ISOLATION_CHECK_WORKSPACE.to_owned(),
         };
         let request = ExecutorRequest::new(Operation::FileStat);
-        let answer = self.run(&target, request, CancelSignal::never()).await;
+        let answer = self
+            .run(&target, None, request, CancelSignal::never())
+            .await;
         if let Some(supervisors) = &self.supervisors {
             supervisors.stop(ISOLATION_CHECK_WORKSPACE).await;
         }
@@ -234,6 +236,7 @@ impl LocalTransport {
     async fn run(
         &self,
         target: &ExecutorTarget,
+        operation_id: Option<&str>,
         request: ExecutorRequest,
         cancel: CancelSignal,
     ) -> Result<ExecutorEnvelope, TransportError> {
@@ -246,7 +249,12 @@ impl LocalTransport {
             FILE_OPERATION_DEADLINE
         };
         if let (Isolation::Sandbox(_), Some(supervisors)) = (&self.isolation, &self.supervisors) {
-            let call = supervisors.call(&target.environment, &body, is_command, cancel);
+            let call = supervisors.call(
+                &target.environment,
+                &body,
+                (is_command, operation_id),
+                cancel,
+            );
             let stdout = tokio::time::timeout(deadline, call)
                 .await
                 .map_err(|_| TransportError::stream("executor deadline exceeded"))??;
@@ -269,7 +277,19 @@ impl ExecutorTransport for LocalTransport {
         request: ExecutorRequest,
         cancel: CancelSignal,
     ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
-        Box::pin(self.run(target, request, cancel))
+        Box::pin(self.run(target, None, request, cancel))
+    }
+
+    /// In a sandbox the call runs in the environment's supervisor, journaled under
+    /// `operation_id`; without one, as [`ExecutorTransport::execute`].
+    fn execute_operation<'a>(
+        &'a self,
+        target: &'a ExecutorTarget,
+        operation_id: &'a str,
+        request: ExecutorRequest,
+        cancel: CancelSignal,
+    ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
+        Box::pin(self.run(target, Some(operation_id), request, cancel))
     }
 }
 

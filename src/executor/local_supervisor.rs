@@ -200,12 +200,13 @@ impl LocalSupervisors {
 
     /// Runs one one-shot helper `request` in `environment`'s supervisor: its stdout, once the
     /// helper exited successfully. `hold_stdin` keeps the helper's stdin open until `cancel`
-    /// (a foreground command), as the local transport does with a helper of its own.
+    /// (a foreground command), as the local transport does with a helper of its own; with an
+    /// `operation_id` the supervisor journals the call under it.
     pub async fn call(
         &self,
         environment: &str,
         request: &[u8],
-        hold_stdin: bool,
+        (hold_stdin, operation_id): (bool, Option<&str>),
         cancel: CancelSignal,
     ) -> Result<Vec<u8>, TransportError> {
         let unreachable = |e: LocalSupervisorError| match e {
@@ -218,6 +219,7 @@ impl LocalSupervisors {
             .send(&SupervisorRequest::Call {
                 request_bytes: request.len() as u64,
                 hold_stdin,
+                operation_id: operation_id.map(str::to_owned),
             })
             .await
             .map_err(failed)?;

@@ -299,6 +299,21 @@ pub enum SupervisorRequest {
         /// Keep the helper's stdin open after the request (a foreground command).
         #[serde(default)]
         hold_stdin: bool,
+        /// The store's operation id the call runs under: the supervisor then journals the
+        /// call under it (running, then its outcome and [`operation_receipt`]), so that a
+        /// reconciler can ask after the call's holder is gone (the recovery issue, item 1).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        operation_id: Option<String>,
+    },
+    /// Cancels the journaled call of `operation_id` (its helper's stdin is closed, which
+    /// cancels a foreground command) and answers its journal entry once it ended, or as it
+    /// stands when `grace_ms` (0 means [`DEFAULT_CANCEL_GRACE`]) and the sweep passed.
+    CancelCall {
+        /// The operation id the call was journaled under.
+        operation_id: String,
+        /// How long to wait for the call's end.
+        #[serde(default)]
+        grace_ms: u64,
     },
     /// Part of a `call`'s helper request (at most [`MAX_CALL_CHUNK`] bytes).
     CallInput {
@@ -644,6 +659,23 @@ pub fn command_receipt(
         exit_code,
         (stdout.len() + stderr.len()) as u64,
     )
+}
+
+/// The receipt of a journaled call (a file operation or a one-shot command run by the
+/// supervisor under a store operation id): binds the operation id, the outcome's wire word and
+/// the helper's whole answer, so a reconciler can record what ended without the answer itself.
+///
+/// `receipt = hex SHA-256("mecatl-operation-receipt/v1" 0x00 operation_id 0x00 state 0x00
+/// SHA-256(answer))`
+pub fn operation_receipt(operation_id: &str, state: CommandState, answer: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"mecatl-operation-receipt/v1\0");
+    hasher.update(operation_id.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(state.as_str().as_bytes());
+    hasher.update(b"\0");
+    hasher.update(Sha256::digest(answer));
+    hex::encode(hasher.finalize())
 }
 
 /// Whether `id` is a valid command id: 1..=128 bytes of `[A-Za-z0-9._:-]`.

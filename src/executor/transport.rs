@@ -69,6 +69,22 @@ pub trait ExecutorTransport: Send + Sync + 'static {
         cancel: CancelSignal,
     ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>>;
 
+    /// [`ExecutorTransport::execute`] under the store's `operation_id`: a transport whose
+    /// calls run through the executor's supervisor has it journal the call under that id
+    /// (running, then its outcome and receipt), so that the reconciler can ask after it when
+    /// the call's holder is gone. The default runs the call unjournaled; the supervisor then
+    /// knows nothing of it and the reconciler fences, as for any executor that cannot answer.
+    fn execute_operation<'a>(
+        &'a self,
+        target: &'a ExecutorTarget,
+        operation_id: &'a str,
+        request: ExecutorRequest,
+        cancel: CancelSignal,
+    ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
+        let _ = operation_id;
+        self.execute(target, request, cancel)
+    }
+
     /// Opens an authenticated session with the supervisor of `target`'s executor
     /// (docs/commands.md §4): connected, the hello read, and enrolled with the Pod's secret
     /// when the supervisor was not yet. Nothing is started by opening a session.

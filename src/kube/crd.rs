@@ -25,8 +25,8 @@ pub use names::{
 pub use status::{
     ActiveOperation, ActiveRun, ConditionStatus, EnvironmentCondition, ExecutionEnvironmentStatus,
     FenceState, LastReplacement, LifecycleOperation, LifecyclePhase, LifecycleType, ObjectIdentity,
-    ReferenceRecord, ReferenceState, RenewReceipt, RevocationReceipt, TerminalPodPhase,
-    TerminationProof, condition,
+    RecoveredOperation, ReferenceRecord, ReferenceState, RenewReceipt, RevocationReceipt,
+    TerminalPodPhase, TerminationProof, condition,
 };
 pub use time::{RfcTime, RfcTimeError};
 

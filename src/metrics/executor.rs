@@ -119,10 +119,40 @@ impl ExecutorTransport for MeteredTransport {
         request: ExecutorRequest,
         cancel: CancelSignal,
     ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
+        self.metered(target, None, request, cancel)
+    }
+
+    fn execute_operation<'a>(
+        &'a self,
+        target: &'a ExecutorTarget,
+        operation_id: &'a str,
+        request: ExecutorRequest,
+        cancel: CancelSignal,
+    ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
+        self.metered(target, Some(operation_id), request, cancel)
+    }
+}
+
+impl MeteredTransport {
+    /// One call, journaled under `operation_id` when given, counted and timed.
+    fn metered<'a>(
+        &'a self,
+        target: &'a ExecutorTarget,
+        operation_id: Option<&'a str>,
+        request: ExecutorRequest,
+        cancel: CancelSignal,
+    ) -> BoxFuture<'a, Result<ExecutorEnvelope, TransportError>> {
         Box::pin(async move {
             let operation = operation_label(&request.operation);
             let started = self.metrics.clock.monotonic();
-            let answer = self.inner.execute(target, request, cancel).await;
+            let answer = match operation_id {
+                Some(id) => {
+                    self.inner
+                        .execute_operation(target, id, request, cancel)
+                        .await
+                }
+                None => self.inner.execute(target, request, cancel).await,
+            };
             let seconds = self
                 .metrics
                 .clock

@@ -1,5 +1,5 @@
 //! One reconcile of one environment, in the exact order of k8s-executor §2.3: revocation,
-//! schema gate, operation-lease fence, template validity, retained deletion, deletion block,
+//! schema gate, operation-lease expiry (ask the supervisor, else fence), template validity, retained deletion, deletion block,
 //! finalizer, lifecycle, retirement, then the PVC, the Pod and the runtime status.
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -17,11 +17,12 @@ use super::status::{count_fence, fence_expired, guarded, not_ready, unguarded};
 use super::validate_pod::runs_supervisor;
 use super::{Context, Next, upgrade};
 use crate::kube::crd::{
-    ConditionStatus, Desired, ENVIRONMENT_FINALIZER, ExecutionEnvironment, FenceState,
-    LifecycleType, ObjectIdentity, SCHEMA_VERSION, condition,
+    ActiveOperation, ConditionStatus, Desired, ENVIRONMENT_FINALIZER, ExecutionEnvironment,
+    FenceState, LifecycleType, ObjectIdentity, SCHEMA_VERSION, condition,
 };
 use crate::metrics::FenceReason;
 use crate::store::cas;
+use crate::store::expiry::Settled;
 use crate::store::ledger::landed_late;
 
 use condition::reason;
@@ -98,15 +99,7 @@ async fn reconcile_env(
             .duration_since(ctx.runtime.clock.wall())
             .unwrap_or_default();
         if remaining.is_zero() {
-            fence_expired(
-                envs,
-                ctx,
-                env,
-                op,
-                "operation holder lease expired; operation identity retained for recovery",
-            )
-            .await?;
-            return Ok(Next::Wait);
+            return settle_or_fence(envs, ctx, env, op).await;
         }
         lease = Some(remaining);
     }
@@ -115,6 +108,39 @@ async fn reconcile_env(
         Some(remaining) => next.at_most(remaining),
         None => next,
     })
+}
+
+/// The operation `expired`'s holder is gone: ask the executor's supervisor before fencing
+/// (the recovery issue, item 1; [`crate::store::expiry`]). A proven end is recorded and the
+/// operation cleared, a call still running under a current claim is adopted by this replica,
+/// one whose claim ended is cancelled and its proven end recorded; whatever the supervisor
+/// cannot answer (or a reconciler without a store) fences, keeping the operation's identity.
+async fn settle_or_fence(
+    envs: &Api<ExecutionEnvironment>,
+    ctx: &Context,
+    env: &ExecutionEnvironment,
+    expired: &ActiveOperation,
+) -> Result<Next, ReconcileError> {
+    let settled = match ctx.commands.get() {
+        Some(warden) => warden.store().settle_expired(env, expired).await?,
+        None => Settled::Fence("no store to ask the supervisor with"),
+    };
+    match settled {
+        Settled::Recorded => Ok(Next::Wait),
+        Settled::Adopted(lease) => Ok(Next::After(lease)),
+        Settled::Fence(why) => {
+            tracing::info!(env = ?env.metadata.name, operation = expired.id, why, "fencing an operation whose holder is gone");
+            fence_expired(
+                envs,
+                ctx,
+                env,
+                expired,
+                "operation holder lease expired; operation identity retained for recovery",
+            )
+            .await?;
+            Ok(Next::Wait)
+        }
+    }
 }
 
 async fn provision(

@@ -111,8 +111,10 @@ pub struct Context {
     runtime: Runtime,
     lifecycle: LifecycleMetrics,
     metrics: ReconcileMetrics,
-    /// Ends supervised commands whose claim lapsed (docs/commands.md §5.5); none: this
-    /// reconciler runs without a store (tests, tools), and no command is judged.
+    /// Ends supervised commands whose claim lapsed (docs/commands.md §5.5), and asks the
+    /// supervisor about an expired operation before fencing (through its store); none: this
+    /// reconciler runs without a store (tests, tools), no command is judged and an expired
+    /// operation is fenced.
     commands: std::sync::OnceLock<crate::store::command_authority::CommandWarden>,
     /// Publishes Events on environments; none: no events (tests, tools, the simulator).
     events: std::sync::OnceLock<EventRecorder>,

@@ -150,6 +150,12 @@ impl CommandWarden {
         Self { store, policy }
     }
 
+    /// The store the warden writes with (the reconciler also settles expired operations
+    /// through it: [`Store::settle_expired`]).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// Ends the commands of every lapsed claim of `o` and records their ends; never fails
     /// (what could not be ended is looked at again after [`STANDING_RECHECK`]).
     pub async fn enforce(&self, o: &ExecutionEnvironment) -> Enforced {

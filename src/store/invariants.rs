@@ -81,6 +81,19 @@ pub fn transition_violation(
     if was_fenced && healthy_now && !proof_written {
         return Some("[16] only a recovery with a termination proof clears the fence");
     }
+    if let Some(recorded) = a.and_then(|s| s.recovered_operation.as_ref())
+        && Some(recorded) != b.and_then(|s| s.recovered_operation.as_ref())
+    {
+        let was_active = b
+            .and_then(|s| s.active_operation.as_ref())
+            .is_some_and(|op| op.id == recorded.id);
+        let cleared = a.and_then(|s| s.active_operation.as_ref()).is_none();
+        if !was_active || !cleared || was_fenced {
+            return Some(
+                "[recovered] an operation's outcome is recorded only as that unfenced operation is cleared",
+            );
+        }
+    }
     super::command_invariants::transition_violation(b, a)
 }
 
@@ -143,6 +156,49 @@ mod tests {
         assert!(transition_violation(&a, &d).is_some());
         let e = with_status(initialized(4, 3));
         assert!(transition_violation(&a, &e).is_none());
+    }
+
+    #[test]
+    fn an_outcome_is_recorded_only_as_its_operation_is_cleared() {
+        use crate::kube::crd::{ActiveOperation, RecoveredOperation};
+        let at = RfcTime::from_system_time(std::time::UNIX_EPOCH);
+        let op = ActiveOperation {
+            id: "op-1".into(),
+            operation: "command".into(),
+            started_at: at,
+            claim_id: "c".into(),
+            run_id: "r".into(),
+            epoch: 1,
+            holder_id: "h".into(),
+            renewed_at: at,
+            expires_at: at,
+        };
+        let mut running = initialized(1, 1);
+        running.active_operation = Some(op);
+        let mut recorded = initialized(1, 1);
+        recorded.recovered_operation = Some(RecoveredOperation {
+            id: "op-1".into(),
+            operation: "command".into(),
+            state: "succeeded".into(),
+            terminal_receipt: "ab".into(),
+            cancelled_by_recovery: false,
+            recorded_at: at,
+        });
+        let before = with_status(running.clone());
+        assert!(transition_violation(&before, &with_status(recorded.clone())).is_none());
+        // Recorded while the operation stays on record, or for another operation.
+        let mut kept = recorded.clone();
+        kept.active_operation = running.active_operation.clone();
+        assert!(transition_violation(&before, &with_status(kept)).is_some());
+        let mut other = recorded.clone();
+        other.recovered_operation.as_mut().unwrap().id = "op-2".into();
+        assert!(transition_violation(&before, &with_status(other)).is_some());
+        // Recorded over a fence.
+        let mut fenced = running;
+        fenced.fence_state = Some(FenceState::FenceUnknown);
+        let mut still_fenced = recorded;
+        still_fenced.fence_state = Some(FenceState::FenceUnknown);
+        assert!(transition_violation(&with_status(fenced), &with_status(still_fenced)).is_some());
     }
 
     #[test]

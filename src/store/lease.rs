@@ -175,7 +175,9 @@ impl Store {
         lease: &OperationLease<'_>,
     ) -> (Result<ExecutorEnvelope, TransportError>, bool) {
         let (handle, signal) = CancelHandle::new();
-        let call = self.executor.execute(target, request, signal);
+        let call = self
+            .executor
+            .execute_operation(target, lease.operation_id, request, signal);
         tokio::pin!(call);
         let renewal = self.renew_until_lost(lease);
         tokio::pin!(renewal);

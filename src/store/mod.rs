@@ -23,6 +23,7 @@ pub mod describe;
 pub mod dispatch;
 pub mod ensure;
 pub mod error;
+pub mod expiry;
 pub mod intents;
 pub mod invariants;
 pub mod lease;

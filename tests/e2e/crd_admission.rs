@@ -12,8 +12,8 @@ use execution_provider::kube::crd::{
     ActiveOperation, ActiveRun, ConditionStatus, Desired, EnvironmentCondition,
     ExecutionEnvironment, ExecutionEnvironmentSpec, ExecutionEnvironmentStatus, ExecutorResources,
     FenceState, LastReplacement, LifecycleOperation, LifecyclePhase, LifecycleType, ObjectIdentity,
-    ReferenceRecord, ReferenceState, RenewReceipt, RevocationReceipt, RfcTime, TerminalPodPhase,
-    TerminationProof,
+    RecoveredOperation, ReferenceRecord, ReferenceState, RenewReceipt, RevocationReceipt, RfcTime,
+    TerminalPodPhase, TerminationProof,
 };
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -293,6 +293,14 @@ fn full_status() -> ExecutionEnvironmentStatus {
             pvc_uid: "pvc-uid".to_owned(),
             previous_epoch: 3,
             replacement_epoch: 4,
+        }),
+        recovered_operation: Some(RecoveredOperation {
+            id: "op-1".to_owned(),
+            operation: "command".to_owned(),
+            state: "succeeded".to_owned(),
+            terminal_receipt: "ab".repeat(32),
+            cancelled_by_recovery: false,
+            recorded_at: at(1_700_000_120),
         }),
         conditions: vec![EnvironmentCondition {
             type_: "Ready".to_owned(),

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod hooks;
+pub mod supervised;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

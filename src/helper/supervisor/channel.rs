@@ -15,6 +15,7 @@ use crate::executor::supervisor_protocol::{
     MAX_STATUS_BYTES, PROTOCOL_VERSION, SupervisorReply, SupervisorRequest, TAG_LEN, parse_secret,
     read_frame, secret_id, write_frame,
 };
+use crate::executor::supervisor_protocol::{JournalEntry, operation_receipt};
 
 /// The writing side of a connection: numbers and tags every reply.
 struct Replies<W> {
@@ -125,6 +126,7 @@ pub async fn serve(
             SupervisorRequest::Call {
                 request_bytes,
                 hold_stdin,
+                operation_id,
             } => {
                 let mut requests = Requests {
                     reader: &mut reader,
@@ -136,7 +138,7 @@ pub async fn serve(
                     &mut replies,
                     &mut requests,
                     request_bytes,
-                    hold_stdin,
+                    (hold_stdin, operation_id),
                 )
                 .await;
                 return;
@@ -224,7 +226,7 @@ async fn call<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     replies: &mut Replies<W>,
     requests: &mut Requests<'_, R>,
     request_bytes: u64,
-    hold_stdin: bool,
+    (hold_stdin, operation_id): (bool, Option<String>),
 ) {
     let Some(length) = usize::try_from(request_bytes)
         .ok()
@@ -254,37 +256,82 @@ async fn call<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             }
         }
     }
+    let cancel = helper_call::canceller();
+    let journaled = match operation_id {
+        None => None,
+        Some(id) => match supervisor.begin_call(&id, cancel.clone()) {
+            Ok(()) => Some(JournaledCall {
+                supervisor,
+                id,
+                answer: Vec::new(),
+            }),
+            Err(error) => {
+                replies.tagged(secret, &SupervisorReply::Error(error)).await;
+                return;
+            }
+        },
+    };
     let helper = &supervisor.helper;
-    let mut run = match helper_call::start(
+    let started = helper_call::start(
         helper,
         &supervisor.root,
         supervisor.reaper_pids(),
         request,
-        hold_stdin,
-    ) {
+        (hold_stdin, cancel),
+    );
+    let run = match started {
         Ok(run) => run,
         Err(error) => {
+            if let Some(call) = journaled {
+                call.refused();
+            }
             replies.tagged(secret, &SupervisorReply::Error(error)).await;
             return;
         }
     };
+    relay_call(run, journaled, secret, replies, requests).await;
+}
+
+/// Relays a started call's output and end to the client, journaling its outcome when it runs
+/// under an operation id. The call runs to its end even when the client went away (its stdin
+/// is then closed), so that its outcome is journaled.
+async fn relay_call<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    mut run: helper_call::CallRun,
+    mut journaled: Option<JournaledCall<'_>>,
+    secret: &[u8; 32],
+    replies: &mut Replies<W>,
+    requests: &mut Requests<'_, R>,
+) {
     let mut probe = [0u8; 1];
     let mut listening = true;
+    let mut connected = true;
     loop {
         tokio::select! {
             event = run.events.recv() => match event {
                 Some(CallEvent::Output(data)) => {
+                    if let Some(call) = journaled.as_mut() {
+                        call.answer.extend_from_slice(&data);
+                    }
                     let reply = SupervisorReply::CallOutput { data };
-                    if !replies.tagged(secret, &reply).await {
+                    if connected && !replies.tagged(secret, &reply).await {
+                        connected = false;
+                        run.cancel();
+                    }
+                    if !connected && journaled.is_none() {
                         return;
                     }
                 }
                 Some(CallEvent::Ended { exit_code, stderr }) => {
+                    if let Some(call) = journaled.take() {
+                        call.ended(exit_code);
+                    }
                     let reply = SupervisorReply::CallEnded {
                         exit_code,
                         stderr: String::from_utf8_lossy(&stderr).into_owned(),
                     };
-                    replies.tagged(secret, &reply).await;
+                    if connected {
+                        replies.tagged(secret, &reply).await;
+                    }
                     return;
                 }
                 None => return,
@@ -294,6 +341,76 @@ async fn call<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 run.cancel();
             }
         }
+    }
+}
+
+/// A call journaled under an operation id: its answer so far, and its outcome once it ended.
+/// Dropped without an end (the helper's events stopped), the outcome is journaled unproven.
+struct JournaledCall<'a> {
+    supervisor: &'a Supervisor,
+    id: String,
+    answer: Vec<u8>,
+}
+
+impl JournaledCall<'_> {
+    /// The helper could not be started: nothing ran.
+    fn refused(mut self) {
+        let stone = call_outcome(&self.id, None, &[]);
+        self.supervisor.finish_call(JournalEntry {
+            never_started: true,
+            ..stone
+        });
+        self.id.clear();
+    }
+
+    /// The helper exited with `exit_code`.
+    fn ended(mut self, exit_code: i32) {
+        let stone = call_outcome(&self.id, Some(exit_code), &self.answer);
+        self.supervisor.finish_call(stone);
+        self.id.clear();
+    }
+}
+
+impl Drop for JournaledCall<'_> {
+    fn drop(&mut self) {
+        if !self.id.is_empty() {
+            self.supervisor
+                .finish_call(call_outcome(&self.id, None, &[]));
+        }
+    }
+}
+
+/// The journal entry of a call that ended: proven only when the helper exited 0 with exactly
+/// one answer whose outcome is known (a command's answer carries its terminal receipt, a
+/// refusal is not `fence_unknown`); its receipt binds that whole answer.
+fn call_outcome(id: &str, exit_code: Option<i32>, answer: &[u8]) -> JournalEntry {
+    use crate::executor::protocol::CommandState;
+    let envelope = (exit_code == Some(0))
+        .then(|| crate::executor::transport::decode_envelope(answer).ok())
+        .flatten();
+    let state = match envelope.and_then(|e| e.into_outcome()) {
+        Some(Ok(response)) => match response.command {
+            Some(command) if command.terminal_receipt.is_empty() => CommandState::FenceUnknown,
+            Some(command) => command.state,
+            None => CommandState::Succeeded,
+        },
+        Some(Err(error)) if error.code == ErrorCode::FenceUnknown => CommandState::FenceUnknown,
+        Some(Err(_)) => CommandState::Failed,
+        None => CommandState::FenceUnknown,
+    };
+    let proven = state != CommandState::FenceUnknown;
+    JournalEntry {
+        command_id: id.to_owned(),
+        claim_id: String::new(),
+        state,
+        exit_code: exit_code.unwrap_or(-1),
+        proven,
+        terminal_receipt: if proven {
+            operation_receipt(id, state, answer)
+        } else {
+            String::new()
+        },
+        never_started: false,
     }
 }
 

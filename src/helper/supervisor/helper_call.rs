@@ -56,13 +56,19 @@ impl CallRun {
     }
 }
 
-/// Starts the one-shot `helper` on `root` with `request` on its stdin.
+/// A fresh cancel switch for [`start`]: firing it closes the helper's stdin.
+pub fn canceller() -> Arc<watch::Sender<bool>> {
+    Arc::new(watch::channel(false).0)
+}
+
+/// Starts the one-shot `helper` on `root` with `request` on its stdin; `cancel` (from
+/// [`canceller`]) closes its stdin when fired.
 pub fn start(
     helper: &Path,
     root: &Path,
     pids: &ReaperPids,
     request: Vec<u8>,
-    hold_stdin: bool,
+    (hold_stdin, cancel): (bool, Arc<watch::Sender<bool>>),
 ) -> Result<CallRun, ExecutorError> {
     let failed = || ExecutorError::new(ErrorCode::Internal, "the helper could not be started");
     // Spawned and registered under the lock, as reapers are (an orphan sweep lists the
@@ -83,8 +89,7 @@ pub fn start(
     }
     drop(live);
     let (events, receiver) = mpsc::channel(4);
-    let (cancel, cancelled) = watch::channel(false);
-    let cancel = Arc::new(cancel);
+    let cancelled = cancel.subscribe();
     let closer = cancel.clone();
     let mut stdin = child.stdin.take().expect("stdin is piped");
     let stdout = child.stdout.take().expect("stdout is piped");

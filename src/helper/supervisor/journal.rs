@@ -1,7 +1,9 @@
 //! The supervisor's operation journal (docs/commands.md §3): commands keyed by command id, with
 //! their output windows while they run or recently finished, tombstones (outcome and receipt
-//! without output) after that, and one deadline per claim. Everything in it is bounded; it
-//! lives only in the supervisor's memory.
+//! without output) after that, and one deadline per claim; beside them the one-shot helper
+//! calls run under a store operation id (file operations, foreground commands), running and
+//! then as tombstones with their receipts. Everything in it is bounded; it lives only in the
+//! supervisor's memory, where the workload cannot write.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::AtomicUsize;
@@ -247,6 +249,25 @@ pub enum Admission {
     NoRoom,
 }
 
+/// A call of the one-shot helper running under a store operation id (the recovery issue,
+/// item 1): what a `cancel_call` needs to stop it and wait for its end.
+#[derive(Debug)]
+pub struct RunningCall {
+    cancel: Arc<watch::Sender<bool>>,
+    /// Dropped when the call's outcome is journaled: its receivers then see the end.
+    ended: watch::Sender<()>,
+}
+
+impl RunningCall {
+    /// A running call that `cancel` stops.
+    pub fn new(cancel: Arc<watch::Sender<bool>>) -> Self {
+        Self {
+            cancel,
+            ended: watch::channel(()).0,
+        }
+    }
+}
+
 /// The journal.
 #[derive(Debug, Default)]
 pub struct Journal {
@@ -254,6 +275,9 @@ pub struct Journal {
     tombstones: BTreeMap<String, JournalEntry>,
     tombstone_order: VecDeque<String>,
     claims: BTreeMap<String, Instant>,
+    /// Calls running under an operation id (at most one per connection, so bounded by the
+    /// connection limit); their outcomes become tombstones.
+    calls: BTreeMap<String, RunningCall>,
 }
 
 impl Journal {
@@ -389,11 +413,50 @@ impl Journal {
         }
     }
 
+    /// Journals a call starting under operation `id`; false when the id is already known (a
+    /// call, a command or a tombstone of it): nothing may run twice under one id.
+    pub fn begin_call(&mut self, id: &str, call: RunningCall) -> bool {
+        let known = self.calls.contains_key(id)
+            || self.entries.contains_key(id)
+            || self.tombstones.contains_key(id);
+        if !known {
+            self.calls.insert(id.to_owned(), call);
+        }
+        !known
+    }
+
+    /// Records the outcome of the call of operation `id` (a tombstone: no output is kept) and
+    /// wakes whoever waits for its end.
+    pub fn finish_call(&mut self, stone: JournalEntry) {
+        if self.calls.remove(&stone.command_id).is_some() {
+            self.add_tombstone(stone);
+        }
+    }
+
+    /// Asks the running call of `id` to stop; a receiver that sees its end (closed), or `None`
+    /// when no call of that id runs.
+    pub fn cancel_call(&self, id: &str) -> Option<watch::Receiver<()>> {
+        let call = self.calls.get(id)?;
+        call.cancel.send_replace(true);
+        Some(call.ended.subscribe())
+    }
+
     /// What the journal knows of `id`; with `seal`, an unknown id becomes a never-started
     /// tombstone so that no later start can use it.
     pub fn journal(&mut self, id: &str, seal: bool) -> Option<JournalEntry> {
         if let Some(entry) = self.entries.get(id) {
             return Some(entry.tombstone());
+        }
+        if self.calls.contains_key(id) {
+            return Some(JournalEntry {
+                command_id: id.to_owned(),
+                claim_id: String::new(),
+                state: CommandState::Running,
+                exit_code: 0,
+                proven: false,
+                terminal_receipt: String::new(),
+                never_started: false,
+            });
         }
         if let Some(stone) = self.tombstones.get(id) {
             return Some(stone.clone());

@@ -1,5 +1,6 @@
 //! What the supervisor does for each authenticated request (docs/commands.md §4.4, §5): start,
-//! status, stdin, signals, cancel, claim renewal and end, listing and the journal query. The
+//! status, stdin, signals, cancel, claim renewal and end, listing, the journal query and the
+//! cancel of a journaled call (the recovery issue, item 1). The
 //! claim tuple of every request is compared exactly with the command's; a mismatch answers
 //! `not_found`, like an unknown id.
 
@@ -7,15 +8,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::Instant;
 
 use super::command_link::{self, ReaperPids, now_ms};
-use super::journal::{Admission, CommandEntry, Journal};
+use super::journal::{Admission, CommandEntry, Journal, RunningCall};
 use super::reaper_wire::ToReaper;
 use crate::executor::protocol::{ErrorCode, ExecutorError, MAX_COMMAND_BYTES};
 use crate::executor::supervisor_protocol::{
-    CLAIM_KILL_GRACE, ClaimTuple, CommandView, DEFAULT_CANCEL_GRACE, DEFAULT_WINDOW,
+    CLAIM_KILL_GRACE, ClaimTuple, CommandView, DEFAULT_CANCEL_GRACE, DEFAULT_WINDOW, JournalEntry,
     MAX_CANCEL_GRACE, MAX_ENV_TOTAL, MAX_ENV_VALUE, MAX_ENV_VARS, MAX_LEASE, MAX_LIST,
     MAX_PTY_SIDE, MAX_STATUS_BYTES, MAX_STDIN_CHUNK, MAX_STDIN_QUEUE, MAX_WINDOW, PtySize,
     StartRequest, SupervisorReply, SupervisorRequest, valid_command_id, valid_env_name,
@@ -103,6 +104,45 @@ impl Supervisor {
 
     fn now(&self) -> Instant {
         self.runtime.clock.monotonic()
+    }
+
+    /// Journals a call about to run under operation `id` (`cancel` stops it); refused when the
+    /// id is not valid or already known, before anything runs.
+    pub fn begin_call(
+        &self,
+        id: &str,
+        cancel: Arc<watch::Sender<bool>>,
+    ) -> Result<(), ExecutorError> {
+        if !valid_command_id(id) {
+            return Err(ExecutorError::new(
+                ErrorCode::InvalidArgument,
+                "operation id is not valid",
+            ));
+        }
+        if self.journal().begin_call(id, RunningCall::new(cancel)) {
+            Ok(())
+        } else {
+            Err(ExecutorError::new(
+                ErrorCode::Conflict,
+                "operation id already used",
+            ))
+        }
+    }
+
+    /// Journals the outcome of a call begun with [`Supervisor::begin_call`].
+    pub fn finish_call(&self, stone: JournalEntry) {
+        self.journal().finish_call(stone);
+    }
+
+    /// Stops the call of operation `id` and waits, at most `grace` and the sweep window, for
+    /// its end; answers its journal entry as it then stands (`None`: unknown id).
+    pub async fn cancel_call(&self, id: &str, grace: Duration) -> Option<JournalEntry> {
+        let ended = self.journal().cancel_call(id);
+        if let Some(mut ended) = ended {
+            let wait = async { while ended.changed().await.is_ok() {} };
+            let _ = tokio::time::timeout(grace + SWEEP_WINDOW + CANCEL_SLACK, wait).await;
+        }
+        self.journal().journal(id, false)
     }
 
     /// The entry `id` of exactly `claim`, with its deadline ahead.
@@ -207,6 +247,14 @@ impl Supervisor {
             }
             SupervisorRequest::Journal { command_id, seal } => SupervisorReply::Journal {
                 entry: self.journal().journal(&command_id, seal),
+            },
+            SupervisorRequest::CancelCall {
+                operation_id,
+                grace_ms,
+            } => SupervisorReply::Journal {
+                entry: self
+                    .cancel_call(&operation_id, grace_of(grace_ms, DEFAULT_CANCEL_GRACE))
+                    .await,
             },
             SupervisorRequest::Enroll { .. }
             | SupervisorRequest::Follow { .. }

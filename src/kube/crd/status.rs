@@ -91,6 +91,12 @@ pub struct ExecutionEnvironmentStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_replacement: Option<LastReplacement>,
 
+    /// The outcome of the last operation whose holder was gone and whose end the executor's
+    /// supervisor reported (the recovery issue, item 1): recorded when the reconciler cleared
+    /// it instead of fencing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_operation: Option<RecoveredOperation>,
+
     /// `Ready`, `Retired`, `ExecutorTerminated`, `DeletionBlocked`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<EnvironmentCondition>,
@@ -301,6 +307,29 @@ pub struct TerminationProof {
     pub epoch: u64,
     pub pod_phase: TerminalPodPhase,
     pub observed_at: RfcTime,
+}
+
+/// What the executor's supervisor reported of an operation whose holder was gone.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoveredOperation {
+    /// The operation's id (`activeOperation.id`).
+    #[schemars(length(min = 1, max = 1024))]
+    pub id: String,
+    /// Its name, e.g. `file.write` or `command`.
+    #[schemars(length(max = 128))]
+    pub operation: String,
+    /// The supervisor's wire word: `succeeded`, `failed` or `cancelled`.
+    #[schemars(length(min = 1, max = 32))]
+    pub state: String,
+    /// The supervisor's receipt over the operation's whole answer
+    /// (`supervisor_protocol::operation_receipt`).
+    #[schemars(length(max = 128))]
+    pub terminal_receipt: String,
+    /// Whether the reconciler cancelled it (its claim had ended).
+    #[serde(default)]
+    pub cancelled_by_recovery: bool,
+    pub recorded_at: RfcTime,
 }
 
 /// Completion receipt of `ReplaceExecutor`.

@@ -141,6 +141,14 @@ fn full_status() -> ExecutionEnvironmentStatus {
             previous_epoch: 3,
             replacement_epoch: 4,
         }),
+        recovered_operation: Some(RecoveredOperation {
+            id: "op-1".to_owned(),
+            operation: "command".to_owned(),
+            state: "succeeded".to_owned(),
+            terminal_receipt: "ab".repeat(32),
+            cancelled_by_recovery: false,
+            recorded_at: at(1_700_000_120, 0),
+        }),
         conditions: vec![EnvironmentCondition {
             type_: condition::READY.to_owned(),
             status: ConditionStatus::True,
