@@ -6,7 +6,7 @@
 //! `RLIMIT_NPROC` is the fallback where no writable pids hierarchy exists (see
 //! `docs/sandbox.md`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::{SetupError, Step as _};
 
@@ -35,8 +35,7 @@ impl PidsCgroup {
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Ok(None),
             Err(e) => return Err(SetupError::new("creating the pids cgroup", e)),
         }
-        let dir = parent.join(format!("{name}-{}", std::process::id()));
-        std::fs::create_dir(&dir).step("creating the pids cgroup")?;
+        let dir = create_own_dir(&parent, &format!("{name}-{}", std::process::id()))?;
         let cgroup = PidsCgroup { dir, parent: own };
         std::fs::write(cgroup.dir.join("pids.max"), max.to_string()).step("setting pids.max")?;
         std::fs::write(
@@ -61,6 +60,45 @@ impl PidsCgroup {
             );
         }
     }
+}
+
+/// How many other names `create_own_dir` tries when a stale directory under this process's
+/// name cannot be removed.
+const NAME_ATTEMPTS: u32 = 8;
+
+/// Creates the sandbox's cgroup directory `parent/base`. The name carries this process's pid,
+/// so a directory already there is a stale one: left by an earlier process that had the same
+/// pid (pids wrap, and a host stage killed before it could clean up leaves its directory).
+/// An empty stale directory is removed and the name reused; one that still holds tasks (or
+/// cannot be removed) is left alone and a suffixed name is taken instead.
+fn create_own_dir(parent: &Path, base: &str) -> Result<PathBuf, SetupError> {
+    let stale = parent.join(base);
+    match std::fs::create_dir(&stale) {
+        Ok(()) => return Ok(stale),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(SetupError::new("creating the pids cgroup", e)),
+    }
+    if std::fs::remove_dir(&stale).is_ok() {
+        std::fs::create_dir(&stale).step("creating the pids cgroup")?;
+        return Ok(stale);
+    }
+    for attempt in 1..=NAME_ATTEMPTS {
+        let dir = parent.join(format!("{base}.{attempt}"));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if std::fs::remove_dir(&dir).is_ok() {
+                    std::fs::create_dir(&dir).step("creating the pids cgroup")?;
+                    return Ok(dir);
+                }
+            }
+            Err(e) => return Err(SetupError::new("creating the pids cgroup", e)),
+        }
+    }
+    Err(SetupError::new(
+        "creating the pids cgroup",
+        std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+    ))
 }
 
 /// This process's cgroup directory in a writable pids hierarchy.
@@ -139,6 +177,25 @@ mod tests {
             Some((PathBuf::from("/sys/fs/cgroup"), true))
         );
         assert_eq!(pids_mount("1 0 0:1 / / rw - ext4 /dev/vda rw\n"), None);
+    }
+
+    #[test]
+    fn a_stale_directory_under_this_name_is_replaced_and_a_busy_one_skipped() {
+        let parent = std::env::temp_dir().join(format!("ep-cgroup-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&parent);
+        std::fs::create_dir_all(&parent).unwrap();
+        // An empty directory left by an earlier process with this pid: removed and reused.
+        std::fs::create_dir(parent.join("env-1")).unwrap();
+        assert_eq!(create_own_dir(&parent, "env-1").unwrap(), parent.join("env-1"));
+        // One that cannot be removed (here: not empty, as a cgroup with tasks is busy): the
+        // next free suffixed name.
+        std::fs::write(parent.join("env-1").join("task"), "").unwrap();
+        assert_eq!(
+            create_own_dir(&parent, "env-1").unwrap(),
+            parent.join("env-1.1")
+        );
+        assert_eq!(create_own_dir(&parent, "env-2").unwrap(), parent.join("env-2"));
+        std::fs::remove_dir_all(&parent).unwrap();
     }
 
     #[test]
