@@ -25,7 +25,7 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// Set in the child: the state directory it writes to.
@@ -89,11 +89,18 @@ fn config_map(name: &str, n: u64) -> ConfigMap {
         .expect("a ConfigMap")
 }
 
-/// The child: writes forever, printing `acknowledged-write N RV` after the N-th write is acknowledged.
+/// The child: writes until killed, printing `acknowledged-write N RV` after the N-th write is
+/// acknowledged. Each write waits for a line on stdin, so the parent knows exactly which write
+/// can be in flight when it kills (its output is read through a pipe, and under load the
+/// parent reads it late: a writer running ahead would have landed writes it never saw).
 async fn write_forever(dir: &Path) {
     let server = open(dir).await;
     let api: Api<ConfigMap> = Api::default_namespaced(server.client("default"));
+    let mut go = BufReader::new(tokio::io::stdin()).lines();
     for n in 0.. {
+        if go.next_line().await.expect("stdin").is_none() {
+            return;
+        }
         let answer = match op(n) {
             Op::Create(name) => {
                 api.create(&PostParams::default(), &config_map(&name, n))
@@ -136,11 +143,14 @@ async fn run_writer_and_kill(dir: &Path, acks: u64) -> (u64, u64) {
     let mut child = tokio::process::Command::new(std::env::current_exe().expect("test binary"))
         .args(["--exact", WRITER_TEST, "--nocapture", "--test-threads=1"])
         .env(WRITER_DIR_ENV, dir)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
         .expect("the writer starts");
+    let mut go = child.stdin.take().expect("stdin");
+    go.write_all(b"go\n").await.expect("the writer reads");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let last = tokio::time::timeout(TIMEOUT, async {
         let mut seen = 0;
@@ -157,6 +167,9 @@ async fn run_writer_and_kill(dir: &Path, acks: u64) -> (u64, u64) {
             let ack = ack.trim_start();
             let (n, rv) = ack.split_once(' ').expect("N RV");
             seen += 1;
+            // One more write goes ahead in every case: after the last acknowledged one it is
+            // the write in flight when the kill lands.
+            go.write_all(b"go\n").await.expect("the writer reads");
             if seen == acks {
                 return (n.parse().expect("N"), rv.parse().expect("RV"));
             }

@@ -186,7 +186,10 @@ mod tests {
         std::fs::create_dir_all(&parent).unwrap();
         // An empty directory left by an earlier process with this pid: removed and reused.
         std::fs::create_dir(parent.join("env-1")).unwrap();
-        assert_eq!(create_own_dir(&parent, "env-1").unwrap(), parent.join("env-1"));
+        assert_eq!(
+            create_own_dir(&parent, "env-1").unwrap(),
+            parent.join("env-1")
+        );
         // One that cannot be removed (here: not empty, as a cgroup with tasks is busy): the
         // next free suffixed name.
         std::fs::write(parent.join("env-1").join("task"), "").unwrap();
@@ -194,7 +197,10 @@ mod tests {
             create_own_dir(&parent, "env-1").unwrap(),
             parent.join("env-1.1")
         );
-        assert_eq!(create_own_dir(&parent, "env-2").unwrap(), parent.join("env-2"));
+        assert_eq!(
+            create_own_dir(&parent, "env-2").unwrap(),
+            parent.join("env-2")
+        );
         std::fs::remove_dir_all(&parent).unwrap();
     }
 
