@@ -136,7 +136,11 @@ pub async fn run_with<N: Net>(
         deps.kube.clone(),
         &settings.namespace,
         deps.templates.clone(),
-        deps.metrics.executor().wrap(deps.executor.clone()),
+        deps.metrics
+            .executor()
+            .wrap(crate::telemetry::traces::executor::traced(
+                deps.executor.clone(),
+            )),
         deps.runtime.clone(),
     )
     .with_metrics(deps.metrics.lifecycle().clone())

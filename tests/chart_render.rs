@@ -390,6 +390,10 @@ fn main() -> std::process::ExitCode {
             values_read::the_deployment_passes_every_provider_value,
         ),
         chart_test(
+            "the_otlp_endpoint_reaches_the_container_and_its_collector_only",
+            values_read::the_otlp_endpoint_reaches_the_container_and_its_collector_only,
+        ),
+        chart_test(
             "the_egress_check_refuses_every_split_of_the_public_address_space",
             checks::the_egress_check_refuses_every_split_of_the_public_address_space,
         ),

@@ -25,6 +25,7 @@ use crate::server::ConnectionBounds;
 use crate::server::limiter::LimiterBounds;
 use crate::telemetry::TelemetryArgs;
 use crate::telemetry::events::EventRecorder;
+use crate::telemetry::traces::kube_api::KubeApiTraceLayer;
 use crate::templates::TemplateRegistry;
 
 /// The namespace `dev` keeps its environments in.
@@ -136,7 +137,10 @@ pub async fn start_with_runtime(args: &DevArgs, runtime: Runtime) -> anyhow::Res
         .with_limit_flags(args.limits)?;
     let metrics = Metrics::new(security.limiter_rejections(), runtime.clock.clone());
     let kube = kube::Client::new(
-        tower::Layer::layer(&metrics.kube_api().layer(), api.clone()),
+        tower::ServiceBuilder::new()
+            .layer(KubeApiTraceLayer)
+            .layer(metrics.kube_api().layer())
+            .service(api.clone()),
         DEV_NAMESPACE,
     );
     let templates = Arc::new(TemplateRegistry::load(state.templates_path())?);

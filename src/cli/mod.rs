@@ -49,15 +49,19 @@ pub enum Command {
 
 /// Runs the command line and returns the process exit code.
 pub async fn main(cli: Cli) -> i32 {
-    let telemetry = match &cli.command {
-        Command::Dev(args) => &args.telemetry,
-        Command::Serve(args) => &args.telemetry,
-        _ => &crate::telemetry::TelemetryArgs::default(),
+    // Only the commands that serve export traces; they flush them when they stop.
+    let (telemetry, traced) = match &cli.command {
+        Command::Dev(args) => (&args.telemetry, true),
+        Command::Serve(args) => (&args.telemetry, true),
+        _ => (&crate::telemetry::TelemetryArgs::default(), false),
     };
-    if let Err(error) = crate::telemetry::install(telemetry) {
-        eprintln!("error: {error:#}");
-        return 1;
-    }
+    let telemetry = match crate::telemetry::install(telemetry, traced) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return 1;
+        }
+    };
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|()| 0),
         Command::Serve(args) => serve::run(*args).await.map(|()| 0),
@@ -65,6 +69,7 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Security(args) => security::run(args, &crate::runtime::Runtime::system()),
         Command::Crd { output } => write_crd(output.as_deref()).map(|()| 0),
     };
+    telemetry.shutdown().await;
     match result {
         Ok(code) => code,
         Err(error) => {

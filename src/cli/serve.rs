@@ -23,6 +23,7 @@ use crate::server::ConnectionBounds;
 use crate::server::limiter::LimiterBounds;
 use crate::telemetry::TelemetryArgs;
 use crate::telemetry::events::EventRecorder;
+use crate::telemetry::traces::kube_api::KubeApiTraceLayer;
 use crate::templates::TemplateRegistry;
 
 /// Flags of `serve`; each also reads an `EXECUTION_PROVIDER_*` environment variable.
@@ -145,7 +146,7 @@ fn is_dns_label(text: &str) -> bool {
 }
 
 /// The Kubernetes client: from `kubeconfig` when given, otherwise inferred (in-cluster first);
-/// every request is recorded in `metrics`.
+/// every request is recorded in `metrics` and traced inside a traced call.
 pub async fn kube_client(
     kubeconfig: Option<&Path>,
     metrics: &KubeApiMetrics,
@@ -164,7 +165,10 @@ pub async fn kube_client(
     };
     let builder = kube::client::ClientBuilder::try_from(config)
         .context("cannot build the Kubernetes client")?;
-    Ok(builder.with_layer(&metrics.layer()).build())
+    Ok(builder
+        .with_layer(&metrics.layer())
+        .with_layer(&KubeApiTraceLayer)
+        .build())
 }
 
 /// Runs `serve` until a shutdown signal.

@@ -125,7 +125,7 @@ fn service_methods(service: &str) -> BTreeSet<String> {
 }
 
 /// The gRPC code of a response head; none means a unary success (`OK` in the trailers).
-fn response_code(headers: &http::HeaderMap) -> tonic::Code {
+pub(crate) fn response_code(headers: &http::HeaderMap) -> tonic::Code {
     headers
         .get("grpc-status")
         .and_then(|v| v.to_str().ok())

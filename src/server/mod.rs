@@ -9,7 +9,9 @@
 //! observation, an expired server certificate). Readiness is sampled every
 //! [`HEALTH_POLL_INTERVAL`], since expiry and staleness change with time alone.
 //!
-//! Every call of the execution service is counted and timed by [`RpcMetricsLayer`].
+//! Every call of the execution service is counted and timed by [`RpcMetricsLayer`] and runs in
+//! its own span ([`RpcTraceLayer`]), a child of the caller's when its metadata carries W3C
+//! trace context.
 //!
 //! HTTP/2 connection settings follow §7: at most 64 streams per connection, keepalive pings
 //! after 2 min idle with a 20 s timeout, and a maximum connection age of 30 min plus 2 min of
@@ -40,6 +42,7 @@ use crate::metrics::{RpcMetrics, RpcMetricsLayer};
 use crate::runtime::net::Net;
 use crate::runtime::tls::{ConnectionGate, mtls_incoming};
 use crate::security::Security;
+use crate::telemetry::traces::rpc::RpcTraceLayer;
 pub use connections::ConnectionBounds;
 use guard::Authorized;
 pub use handlers::ProviderService;
@@ -92,10 +95,12 @@ pub async fn serve<N: Net>(
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let execution = RpcMetricsLayer::new(metrics.clone()).layer(
-        ExecutionServer::new(service)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    let execution = RpcTraceLayer::new(metrics.clone()).layer(
+        RpcMetricsLayer::new(metrics.clone()).layer(
+            ExecutionServer::new(service)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        ),
     );
     let (max_connections, max_handshakes) = connections.resolve();
     let gate = ConnectionGate::new(max_connections, max_handshakes);

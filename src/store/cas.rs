@@ -2,9 +2,12 @@
 //! `resourceVersion`, and start over when another writer got there first.
 
 use kube::api::{Api, PostParams};
+use tracing::Instrument as _;
 
 use super::error::StoreError;
+use crate::child_span;
 use crate::kube::crd::ExecutionEnvironment;
+use crate::telemetry::traces::record_store_outcome;
 
 /// How many times a mutation is retried after losing a race before giving up.
 const MAX_ATTEMPTS: usize = 8;
@@ -60,7 +63,30 @@ pub async fn update_status_from<T>(
 /// Only a write is checked by the server, so a decision taken on `known` counts only when it
 /// writes: a refusal or a no-op decided on `known` (which may be stale) is taken again on a
 /// fresh read before it is answered.
+///
+/// Inside a traced call, the whole compare-and-swap (its reads, its write, its retries) is
+/// the span `store.cas`.
 pub async fn update_status_observed<T>(
+    api: &Api<ExecutionEnvironment>,
+    name: &str,
+    known: Option<ExecutionEnvironment>,
+    mutate: impl FnMut(&mut ExecutionEnvironment) -> Result<Decision<T>, StoreError>,
+) -> Result<(T, ExecutionEnvironment), StoreError> {
+    let span = child_span!(
+        "store.cas",
+        environment = name,
+        store.outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty
+    );
+    let result = swap(api, name, known, mutate)
+        .instrument(span.clone())
+        .await;
+    record_store_outcome(&span, &result);
+    result
+}
+
+/// The compare-and-swap loop of [`update_status_observed`].
+async fn swap<T>(
     api: &Api<ExecutionEnvironment>,
     name: &str,
     mut known: Option<ExecutionEnvironment>,

@@ -12,6 +12,8 @@
 //! of a long call adds one write. A refusal decided on a cached object is re-decided on a
 //! fresh read ([`cas::update_status_observed`]), so no check is weakened by the saving.
 
+use tracing::Instrument as _;
+
 use super::cas::{self, Decision};
 use super::lease::{OperationLease, authority_current, lease_current, op_matches};
 use super::policy::{PolicyCheck, SharedPolicyCheck, unchecked};
@@ -27,6 +29,8 @@ use crate::executor::transport::{ExecutorTarget, TransportError};
 use crate::kube::crd::{ActiveOperation, ExecutionEnvironment, FenceState, RfcTime};
 use crate::metrics::FenceReason;
 use crate::telemetry::events::EnvironmentEvent;
+use crate::telemetry::traces::executor::operation_word;
+use crate::telemetry::traces::record_store_outcome;
 
 /// How an executor call ended, before the completion write.
 enum Outcome {
@@ -68,10 +72,34 @@ impl Store {
             .await
     }
 
-    /// Admission, confirmation, then the dispatch and its completion write in their own
-    /// task: a caller that goes away (cancelled RPC) neither abandons the helper call nor
-    /// skips the completion write.
+    /// [`Store::admit_and_dispatch`]; inside a traced call, the span `store.dispatch`.
     async fn dispatch(
+        &self,
+        caller: &Caller,
+        rc: &ClaimContext,
+        known: Option<ExecutionEnvironment>,
+        policy: SharedPolicyCheck,
+        request: ExecutorRequest,
+    ) -> Result<ExecutorResponse, StoreError> {
+        let span = crate::child_span!(
+            "store.dispatch",
+            environment = %rc.env.id,
+            executor.operation = operation_word(&request.operation),
+            store.outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty
+        );
+        let result = self
+            .admit_and_dispatch(caller, rc, known, policy, request)
+            .instrument(span.clone())
+            .await;
+        record_store_outcome(&span, &result);
+        result
+    }
+
+    /// Admission, confirmation, then the dispatch and its completion write in their own
+    /// task (in the caller's span): a caller that goes away (cancelled RPC) neither abandons
+    /// the helper call nor skips the completion write.
+    async fn admit_and_dispatch(
         &self,
         caller: &Caller,
         rc: &ClaimContext,
@@ -111,9 +139,11 @@ impl Store {
             latest: confirmed,
             policy,
         };
-        tokio::spawn(async move { store.dispatch_admitted(&rc, request, admitted).await })
-            .await
-            .unwrap_or_else(|_| Err(StoreError::fence(&env, "dispatch task failed")))
+        tokio::spawn(
+            async move { store.dispatch_admitted(&rc, request, admitted).await }.in_current_span(),
+        )
+        .await
+        .unwrap_or_else(|_| Err(StoreError::fence(&env, "dispatch task failed")))
     }
 
     /// Dispatches an admitted, confirmed operation and writes its completion.

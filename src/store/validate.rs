@@ -4,6 +4,8 @@
 //! reading again (the write is a compare-and-swap on the observed `resourceVersion`, so a
 //! stale observation can only lose and be re-read, never be written back).
 
+use tracing::Instrument as _;
+
 use super::cas;
 use super::claims::in_token_range;
 use super::policy::{SharedPolicyCheck, unchecked};
@@ -12,7 +14,9 @@ use super::predicates::{
     template_retained,
 };
 use super::{Caller, ClaimContext, Store, StoreError};
+use crate::child_span;
 use crate::kube::crd::ExecutionEnvironment;
+use crate::telemetry::traces::record_store_outcome;
 
 /// A claim found current on one observation of its environment, by this store.
 pub struct ValidatedClaim {
@@ -53,7 +57,29 @@ impl Store {
     /// The gate before any dispatch, in the order of §4.4: the presented tuple must be the
     /// current claim on a ready, healthy environment through a published binding, and the
     /// caller's client policy must still allow the environment's template. Never writes.
+    /// Inside a traced call, it is the span `store.validate`.
     pub async fn validate_run_claim_under(
+        &self,
+        caller: &Caller,
+        rc: &ClaimContext,
+        policy: SharedPolicyCheck,
+    ) -> Result<ValidatedClaim, StoreError> {
+        let span = child_span!(
+            "store.validate",
+            environment = %rc.env.id,
+            store.outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty
+        );
+        let result = self
+            .check_run_claim(caller, rc, policy)
+            .instrument(span.clone())
+            .await;
+        record_store_outcome(&span, &result);
+        result
+    }
+
+    /// The checks of [`Store::validate_run_claim_under`].
+    async fn check_run_claim(
         &self,
         caller: &Caller,
         rc: &ClaimContext,

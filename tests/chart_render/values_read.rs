@@ -183,3 +183,107 @@ pub fn the_deployment_passes_every_provider_value(helm: &Path) {
     assert_eq!(projected[2]["secret"]["items"][0]["key"], "ca.crt");
     assert_eq!(projected.as_array().unwrap().len(), 3);
 }
+
+/// `provider.otlpEndpoint` reaches the container as `EXECUTION_PROVIDER_OTLP_ENDPOINT`, which
+/// the provider accepts, and the provider's NetworkPolicy opens exactly the collector's ranges
+/// on the endpoint's port; without it there is neither.
+pub fn the_otlp_endpoint_reaches_the_container_and_its_collector_only(helm: &Path) {
+    let env_of = |objects: &[Value]| {
+        let deployment = find(objects, "Deployment", "demo-execution-provider");
+        deployment["spec"]["template"]["spec"]["containers"][0]["env"].clone()
+    };
+    let egress_of = |objects: &[Value]| {
+        let policy = find(objects, "NetworkPolicy", "demo-execution-provider-provider");
+        policy["spec"]["egress"].as_array().unwrap().clone()
+    };
+    let plain = objects(&render(helm, &[]).expect("renders"));
+    assert!(env_of(&plain).is_null(), "no trace settings by default");
+    let plain_egress = egress_of(&plain);
+    assert_eq!(
+        plain_egress.len(),
+        2,
+        "API server and DNS only: {plain_egress:?}"
+    );
+
+    let endpoint = "http://otel-collector.monitoring:4317";
+    let traced = objects(
+        &render(
+            helm,
+            &[
+                "--set",
+                &format!("provider.otlpEndpoint={endpoint}"),
+                "--set-json",
+                "provider.otlpCollectorCIDRs=[\"10.0.5.0/24\",\"10.0.6.7/32\"]",
+            ],
+        )
+        .expect("renders with a collector"),
+    );
+    let env = env_of(&traced);
+    assert_eq!(env[0]["name"], "EXECUTION_PROVIDER_OTLP_ENDPOINT");
+    assert_eq!(env[0]["value"], endpoint);
+    let accepted = execution_provider::telemetry::traces::TraceSettings::resolve(
+        env[0]["value"].as_str(),
+        |_| None,
+    );
+    assert!(matches!(accepted, Ok(Some(_))), "{accepted:?}");
+    let egress = egress_of(&traced);
+    assert_eq!(egress.len(), 3, "{egress:?}");
+    assert_eq!(egress[2]["to"][0]["ipBlock"]["cidr"], "10.0.5.0/24");
+    assert_eq!(egress[2]["to"][1]["ipBlock"]["cidr"], "10.0.6.7/32");
+    assert_eq!(egress[2]["ports"][0]["port"], 4317);
+    assert_eq!(egress[2]["ports"][0]["protocol"], "TCP");
+    assert_eq!(egress[..2], plain_egress[..]);
+
+    let tls = objects(
+        &render(
+            helm,
+            &[
+                "--set",
+                "provider.otlpEndpoint=https://collector.example",
+                "--set-json",
+                "provider.otlpCollectorCIDRs=[\"192.0.2.8/32\"]",
+            ],
+        )
+        .expect("renders with a TLS collector"),
+    );
+    assert_eq!(
+        egress_of(&tls)[2]["ports"][0]["port"],
+        443,
+        "https without a port"
+    );
+
+    for (extra, named) in [
+        (
+            vec!["--set", "provider.otlpEndpoint=http://c:4317"],
+            "provider.otlpCollectorCIDRs",
+        ),
+        (
+            vec![
+                "--set-json",
+                "provider.otlpCollectorCIDRs=[\"10.0.5.0/24\"]",
+            ],
+            "without provider.otlpEndpoint",
+        ),
+        (
+            vec![
+                "--set",
+                "provider.otlpEndpoint=c:4317",
+                "--set-json",
+                "provider.otlpCollectorCIDRs=[\"10.0.5.0/24\"]",
+            ],
+            "otlpEndpoint",
+        ),
+        (
+            vec![
+                "--set",
+                "provider.otlpEndpoint=http://c:4317",
+                "--set-json",
+                "provider.otlpCollectorCIDRs=[\"0.0.0.0/0\"]",
+            ],
+            "together these ranges allow every public",
+        ),
+    ] {
+        let refusal = render(helm, &extra).expect_err(&format!("{extra:?} is refused"));
+        assert!(refusal.contains(named), "{extra:?}: {refusal}");
+    }
+}

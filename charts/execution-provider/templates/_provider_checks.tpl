@@ -62,6 +62,24 @@
 {{- end -}}
 {{- end -}}
 
+{{/* Traces go to a collector the provider's NetworkPolicy lets it reach, and only there. */}}
+{{- define "ep.checkOtlp" -}}
+{{- $p := .Values.provider -}}
+{{- if and $p.otlpEndpoint (not $p.otlpCollectorCIDRs) -}}
+{{- fail "provider.otlpCollectorCIDRs: list where the collector of provider.otlpEndpoint is (the provider's egress is closed to everything else)" -}}
+{{- end -}}
+{{- if and $p.otlpCollectorCIDRs (not $p.otlpEndpoint) -}}
+{{- fail "provider.otlpCollectorCIDRs is set without provider.otlpEndpoint" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The port of the collector URL provider.otlpEndpoint: its own, else that of its scheme. */}}
+{{- define "ep.otlpPort" -}}
+{{- $url := urlParse .Values.provider.otlpEndpoint -}}
+{{- $port := regexFind ":[0-9]+$" $url.host | trimPrefix ":" -}}
+{{- if $port -}}{{ $port }}{{- else if eq $url.scheme "https" -}}443{{- else -}}80{{- end -}}
+{{- end -}}
+
 {{/* The switches that are always on: rendering without them would drop a safety net. */}}
 {{- define "ep.checkSwitches" -}}
 {{- if ne (toString .Values.networkPolicy.enabled) "true" -}}
