@@ -18,6 +18,7 @@ use execution_provider::telemetry::{self, LogFormat, audit, traces};
 use opentelemetry_proto::tonic::collector::trace::v1 as otlp_collector;
 use opentelemetry_proto::tonic::common::v1 as otlp_common;
 use opentelemetry_proto::tonic::trace::v1 as otlp_trace;
+use tracing::Subscriber as _;
 use tracing_subscriber::EnvFilter;
 
 /// Log output kept in memory.
@@ -541,10 +542,17 @@ async fn without_a_collector_no_exporter_is_built_and_spans_are_disabled() {
         std::io::sink,
         started.traces(),
     );
-    tracing::subscriber::with_default(subscriber, || {
-        let span = tracing::info_span!(target: traces::TARGET, "rpc");
-        assert!(span.is_disabled());
+    // A provider span's metadata, taken where everything is enabled; then the subscriber is
+    // asked itself. Its interest `never` is what disables the callsite in a process with this
+    // one subscriber: the span macro then builds nothing. (In this test binary the cached
+    // interest is shared with the other tests' subscribers, so `Span::is_disabled` would
+    // depend on them.)
+    let rpc = tracing::subscriber::with_default(tracing_subscriber::registry(), || {
+        tracing::info_span!(target: traces::TARGET, "rpc")
+            .metadata()
+            .expect("a bare registry enables every span")
     });
+    assert!(subscriber.register_callsite(rpc).is_never());
     // The standard variable alone turns them on.
     let on = telemetry::Telemetry::start(&args.telemetry, |name| {
         (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://127.0.0.1:4317".to_owned())
