@@ -16,9 +16,10 @@ use crate::authority::SecurityFiles;
 use crate::executor::MemExecutor;
 use crate::faults::FaultPlan;
 use crate::invariants::{Checker, Incarnation};
+use crate::liveness::{Cluster, Liveness, Look};
 use crate::node::node_host;
 use crate::trace::Trace;
-use crate::world::{API_HOST, LIVENESS_SECS, replica_host};
+use crate::world::{API_HOST, replica_host};
 use crate::writes::WriteLog;
 
 /// Steps the simulation and applies faults.
@@ -58,6 +59,8 @@ pub(crate) struct Driver<'a> {
     pub(crate) kubelet: Option<crate::operator::KubeletLink>,
     /// The administrator's desk, for the script's lifecycle calls.
     pub(crate) admin: crate::workload::AdminDesk,
+    /// Executor nodes the script cut off for good (kept cut through the heal).
+    pub(crate) cut_nodes: BTreeSet<String>,
 }
 
 /// Faults are considered every this many simulated milliseconds.
@@ -306,36 +309,66 @@ impl Driver<'_> {
             files.lock().expect("security files lock").restore();
             self.restore_at = None;
         }
+        // A kubelet the script held reports again, unless its node is cut off for good.
+        if let Some(kubelet) = self.kubelet.as_ref().filter(|_| self.cut_nodes.is_empty()) {
+            kubelet.release();
+        }
         for i in 0..self.replicas {
             self.sim.bounce(replica_host(i));
         }
     }
 
-    /// After healing, every environment that is not fenced and has no lifecycle operation
-    /// must become Ready, and no Pod or PVC may belong to a missing environment.
-    pub(crate) fn liveness(&mut self, ensured: &Mutex<BTreeSet<Incarnation>>) -> Option<String> {
-        let deadline = self.sim.elapsed() + Duration::from_secs(LIVENESS_SECS);
+    /// The quiet phase after healing (`crate::liveness`): looks at the cluster every fault
+    /// tick until every judged environment has recovered and nothing is orphaned, or until
+    /// some environment's deadline passes. Returns the `LIVENESS:` failure, if any, and what
+    /// the phase saw (each environment's time to recover).
+    pub(crate) fn liveness(
+        &mut self,
+        ensured: &Mutex<BTreeSet<Incarnation>>,
+    ) -> (Option<String>, Liveness) {
+        let mut phase = Liveness::new(
+            self.sim.elapsed(),
+            self.cut_nodes.clone(),
+            crate::world::executor_node_of,
+        );
         loop {
             for _ in 0..FAULT_TICK_MS {
                 self.step();
             }
             if self.host_error.is_some() {
-                return None;
+                return (None, phase);
             }
             let ensured = ensured.lock().expect("ensured lock").clone();
             let templates = self.templates.current();
-            let pending = crate::cluster::unconverged(&self.api, &ensured, &templates);
-            if pending.is_empty() {
-                let ms = self.ms();
-                self.trace.record_at(ms, "world", "liveness: converged");
-                return None;
-            }
-            if self.sim.elapsed() >= deadline {
-                let what = pending.into_iter().collect::<BTreeSet<_>>();
-                return Some(format!(
-                    "LIVENESS: not converged within {LIVENESS_SECS} simulated seconds after healing: {}",
-                    what.into_iter().collect::<Vec<_>>().join("; ")
-                ));
+            let revoked = |env: &serde_json::Value| crate::liveness::revoked(env, &templates);
+            let (envs, pods, pvcs) = (
+                self.api.objects_of_kind("ExecutionEnvironment"),
+                self.api.objects_of_kind("Pod"),
+                self.api.objects_of_kind("PersistentVolumeClaim"),
+            );
+            let cluster = Cluster {
+                envs: &envs,
+                pods: &pods,
+                pvcs: &pvcs,
+                ensured: &ensured,
+                revoked: &revoked,
+            };
+            let now = self.sim.elapsed();
+            match phase.look(now, &cluster) {
+                Look::Waiting => {}
+                Look::Converged => {
+                    let ms = self.ms();
+                    self.trace.record_at(ms, "world", "liveness: converged");
+                    for recovered in phase.recoveries() {
+                        self.trace.record_at(
+                            ms,
+                            "world",
+                            format!("liveness: recovered {recovered}"),
+                        );
+                    }
+                    return (None, phase);
+                }
+                Look::Failed(why) => return (Some(why), phase),
             }
         }
     }

@@ -19,6 +19,7 @@ pub mod entropy;
 pub mod executor;
 pub mod faults;
 pub mod invariants;
+pub mod liveness;
 mod material;
 pub mod memfs;
 pub mod net;

@@ -64,6 +64,8 @@ fn main() {
     let args = Args::parse();
     let mut sim_secs = 0.0;
     let mut operations = 0;
+    // The slowest recovery of the campaign: (time after the heal, seed, environment).
+    let mut slowest: Option<(std::time::Duration, u64, String)> = None;
     #[allow(clippy::disallowed_methods)]
     let started = Instant::now();
     for seed in args.seed..args.seed.saturating_add(args.seeds) {
@@ -82,6 +84,11 @@ fn main() {
         if args.trace {
             print!("{}", report.trace.text());
         }
+        for r in &report.recoveries {
+            if slowest.as_ref().is_none_or(|(t, _, _)| r.after_heal > *t) {
+                slowest = Some((r.after_heal, seed, r.name.clone()));
+            }
+        }
         if !report.passed() {
             println!(
                 "FAILED seed={seed} scenario={} commit={COMMIT} replay: {}",
@@ -97,12 +104,23 @@ fn main() {
             if let Some(e) = &report.host_error {
                 println!("  host error: {e}");
             }
+            println!("  {}", report.recovery);
             std::process::exit(1);
         }
+        println!("seed {seed}: {}", report.recovery);
     }
+    let slowest = slowest.map_or_else(
+        || "nothing to recover".to_owned(),
+        |(t, seed, name)| {
+            format!(
+                "slowest recovery {:.1} s after the heal (seed {seed}, {name})",
+                t.as_secs_f64()
+            )
+        },
+    );
     let wall = started.elapsed().as_secs_f64().max(1e-9);
     println!(
-        "ok: {} seeds of {} ({} simulated s, {:.1} simulated s per wall s, {} operations checked)",
+        "ok: {} seeds of {} ({} simulated s, {:.1} simulated s per wall s, {} operations checked, {slowest})",
         args.seeds,
         args.scenario,
         sim_secs as u64,

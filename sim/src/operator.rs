@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::driver::Driver;
 use crate::script::{Action, Scripted};
+use crate::world::replica_host;
 
 /// The run's templates: the file an operator edits and the registry a replica starting now
 /// loads from it. Each run has its own (runs share the process's material).
@@ -106,7 +107,7 @@ impl KubeletLink {
     pub fn for_script(script: &[Scripted]) -> Option<Self> {
         fn holds(action: &Action) -> bool {
             match action {
-                Action::KubeletHold | Action::KubeletRelease => true,
+                Action::KubeletHold | Action::KubeletRelease | Action::CutNodeForGood(_) => true,
                 Action::WhenOperationLive(then)
                 | Action::WhenCommandLive(then)
                 | Action::WhenRetired(then) => then.iter().any(|(_, a)| holds(a)),
@@ -189,6 +190,23 @@ impl Driver<'_> {
                 } else {
                     link.release();
                 }
+            }
+            Action::CutNodeForGood(node) => {
+                assert!(
+                    node < self.nodes,
+                    "the script cuts node-{node}, which does not exist"
+                );
+                self.kubelet
+                    .as_ref()
+                    .expect("a run whose script cuts a node has the kubelet's link")
+                    .hold();
+                let host = crate::node::node_host(node);
+                for i in 0..self.replicas {
+                    self.sim.partition(replica_host(i), host.as_str());
+                }
+                self.trace
+                    .record_at(ms, "script", format!("node {host} cut off for good"));
+                self.cut_nodes.insert(host);
             }
             Action::Admin(call) => {
                 let name = self.subject();

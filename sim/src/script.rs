@@ -69,6 +69,13 @@ pub enum Action {
     KubeletHold,
     /// Release the kubelet's link: its waiting requests go through.
     KubeletRelease,
+    /// Cut executor node `node-I` off for good, as a node that lost its network: the kubelet
+    /// stops reporting (its link held, as [`Action::KubeletHold`]; the simulator has one
+    /// kubelet, so with several nodes every Pod is frozen) and the node is partitioned from
+    /// every replica. Neither the heal nor the liveness phase undoes it, and the liveness
+    /// phase does not judge the environments the node serves: their executor is unreachable,
+    /// so staying fenced is their honest state. Traced `node node-I cut off for good`.
+    CutNodeForGood(u32),
     /// The administrator makes this lifecycle call on the environment the last waiting step
     /// recorded, from the `admin` host (traced there: `CALL NAME eEPOCH -> OUTCOME [CODE]`).
     Admin(crate::workload::AdminCall),
@@ -159,6 +166,7 @@ impl Driver<'_> {
                 action @ (Action::RevokeRevision
                 | Action::KubeletHold
                 | Action::KubeletRelease
+                | Action::CutNodeForGood(_)
                 | Action::Admin(_)
                 | Action::SnapshotRuntime) => self.operate(action, ms),
                 // The scripted host makes the call itself, at its exact time.

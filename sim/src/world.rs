@@ -55,12 +55,15 @@ pub const SECOND_TEMPLATE: &str = "compact";
 pub const SECOND_CAPACITY: u32 = 6;
 /// The URI SAN of the second admitted platform client.
 pub const PARTNER_CLIENT_URI: &str = "spiffe://sim.local/ns/partner/client";
-/// Simulated seconds the liveness phase may take.
-pub const LIVENESS_SECS: u64 = 60;
 /// The executor node hosts (`node-0..`) serving the in-memory executor over turmoil TCP, so
 /// replica-to-node partitions and node crashes are part of the fault draw. The one switch:
 /// 0 puts the executor back in process, shared by the replicas (no node faults).
 pub const EXECUTOR_NODES: u32 = 1;
+
+/// The executor node host that serves `environment` (None: the executor is in process).
+pub fn executor_node_of(environment: &str) -> Option<String> {
+    (EXECUTOR_NODES > 0).then(|| HostedExecutor::new(EXECUTOR_NODES).node_for(environment))
+}
 
 /// The turmoil host name of replica `i`.
 pub fn replica_host(i: u32) -> String {
@@ -87,6 +90,11 @@ pub struct Report {
     pub violations: Vec<String>,
     /// Why liveness failed, if it did.
     pub liveness: Option<String>,
+    /// Every environment that recovered during the liveness phase, by name, with its time to
+    /// recover.
+    pub recoveries: Vec<crate::liveness::Recovered>,
+    /// The per-seed time-to-recover line ([`crate::liveness::summary`]).
+    pub recovery: String,
     /// A host's software failed (the provider returned an error or panicked).
     pub host_error: Option<String>,
     /// The trace.
@@ -118,7 +126,7 @@ pub(crate) fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
     trace.record_at(0, "world", format!("plan {plan:?}"));
     let mut sim = turmoil::Builder::new()
         .simulation_duration(Duration::from_secs(
-            config.duration_secs * 4 + LIVENESS_SECS + 60,
+            config.duration_secs * 4 + crate::liveness::QUIET_PHASE_SECS + 60,
         ))
         .tick_duration(Duration::from_millis(1))
         .min_message_latency(Duration::from_millis(1))
@@ -221,11 +229,12 @@ pub(crate) fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         templates,
         kubelet,
         admin,
+        cut_nodes: std::collections::BTreeSet::new(),
     };
     driver.workload();
     driver.heal(&rates, &executor);
-    let liveness = driver.liveness(&record.ensured);
-    report(driver, liveness, &record, &executor)
+    let (liveness, phase) = driver.liveness(&record.ensured);
+    report(driver, liveness, &phase, &record, &executor)
 }
 
 /// Each template's capacity limit, by id.
@@ -277,6 +286,7 @@ fn add_replicas(
 fn report(
     mut driver: Driver<'_>,
     liveness: Option<String>,
+    phase: &crate::liveness::Liveness,
     record: &Record,
     executor: &MemExecutor,
 ) -> Report {
@@ -291,9 +301,12 @@ fn report(
             .record_at(end, "checker", format!("VIOLATION {v}"));
     }
     let calls = *record.calls.lock().expect("lock");
+    let recoveries = phase.recoveries();
     Report {
         violations,
         liveness,
+        recovery: crate::liveness::summary(&recoveries, phase.held_by_cut()),
+        recoveries,
         host_error: driver.host_error,
         sim_secs: driver.sim.elapsed().as_secs_f64(),
         operations_checked: calls + driver.checker.versions_checked,

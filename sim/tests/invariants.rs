@@ -477,3 +477,123 @@ fn every_history_is_judged_within_its_own_incarnation() {
         "{found:?}"
     );
 }
+
+mod liveness {
+    //! The liveness phase fails an environment left fenced (or holding an operation) past its
+    //! deadline, measures the deadline from the later of the heal and its operation lease's
+    //! expiry, excuses a fence only on a node the scenario cut off for good, and reports each
+    //! environment's time to recover.
+
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use execution_provider::kube::crd::RfcTime;
+    use serde_json::{Value, json};
+    use sim::clock::sim_epoch;
+    use sim::liveness::{Cluster, Liveness, Look, Recovered};
+
+    use super::{incarnation, spec, status, with};
+
+    /// When the run healed, since its start.
+    const HEAL: Duration = Duration::from_secs(100);
+
+    fn cut_off(cut: &[&str]) -> Liveness {
+        Liveness::new(HEAL, cut.iter().map(|n| (*n).to_owned()).collect(), |_| {
+            Some("node-0".to_owned())
+        })
+    }
+
+    fn object(status: Value) -> Value {
+        json!({
+            "apiVersion": "execution.mecatl.dev/v1alpha1", "kind": "ExecutionEnvironment",
+            "metadata": {"name": "exec-a", "uid": "u1", "resourceVersion": "1"},
+            "spec": spec("exec-a"), "status": status
+        })
+    }
+
+    fn fenced() -> Value {
+        object(with(status(1, 1), "fenceState", json!("FenceUnknown")))
+    }
+
+    /// Looks at `envs` this many seconds after the heal.
+    fn look(phase: &mut Liveness, after_heal_secs: u64, envs: &[Value]) -> Look {
+        let ensured = BTreeSet::from([incarnation("r1")]);
+        let cluster = Cluster {
+            envs,
+            pods: &[],
+            pvcs: &[],
+            ensured: &ensured,
+            revoked: &|_| false,
+        };
+        phase.look(HEAL + Duration::from_secs(after_heal_secs), &cluster)
+    }
+
+    fn failure(look: Look) -> String {
+        match look {
+            Look::Failed(why) => why,
+            other => panic!("expected a liveness failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_environment_left_fenced_fails_at_its_deadline_naming_its_state() {
+        let mut phase = cut_off(&[]);
+        assert_eq!(look(&mut phase, 10, &[fenced()]), Look::Waiting);
+        assert_eq!(look(&mut phase, 59, &[fenced()]), Look::Waiting);
+        let why = failure(look(&mut phase, 60, &[fenced()]));
+        assert!(
+            why.starts_with("LIVENESS:")
+                && why.contains("environment exec-a is fenced (no Recovering condition)")
+                && why.contains("deadline 160.0 s")
+                && why.contains("no operation lease"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_fence_counts_as_converged_only_on_a_node_cut_off_for_good() {
+        let mut phase = cut_off(&["node-0"]);
+        assert_eq!(look(&mut phase, 70, &[fenced()]), Look::Converged);
+        assert!(phase.held_by_cut().contains("exec-a"));
+        let mut other = cut_off(&["node-1"]);
+        assert!(matches!(look(&mut other, 70, &[fenced()]), Look::Failed(_)));
+    }
+
+    #[test]
+    fn the_deadline_counts_from_an_operation_lease_that_outlives_the_heal() {
+        let expires = RfcTime::from_system_time(sim_epoch() + Duration::from_secs(130));
+        let operation = json!({
+            "id": "op-1", "operation": "command.start", "startedAt": expires, "claimID": "c1",
+            "runID": "run", "epoch": 1, "holderID": "replica-0", "renewedAt": expires,
+            "expiresAt": expires
+        });
+        let held = object(with(status(1, 1), "activeOperation", operation));
+        let mut phase = cut_off(&[]);
+        let held = [held];
+        assert_eq!(look(&mut phase, 60, &held), Look::Waiting);
+        assert_eq!(look(&mut phase, 89, &held), Look::Waiting);
+        let why = failure(look(&mut phase, 90, &held));
+        assert!(
+            why.contains("operation op-1 (command.start) still held by replica-0")
+                && why.contains("deadline 190.0 s")
+                && why.contains("its operation lease expired at 130.0 s"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn each_recovery_is_reported_with_its_time_after_the_heal() {
+        let mut phase = cut_off(&[]);
+        assert_eq!(look(&mut phase, 1, &[fenced()]), Look::Waiting);
+        let ready = object(status(2, 1));
+        assert_eq!(look(&mut phase, 5, &[ready]), Look::Converged);
+        assert_eq!(
+            phase.recoveries(),
+            vec![Recovered {
+                name: "exec-a".into(),
+                after_heal: Duration::from_secs(5),
+                start: Duration::ZERO,
+            }]
+        );
+    }
+}

@@ -106,7 +106,14 @@ pub async fn reconcile_fenced(
     if retired(env) || env.spec.desired == crate::kube::crd::Desired::Retiring {
         return Ok(Next::Wait);
     }
-    if revision.execution().recovery() == RecoveryMode::Manual {
+    // The simulator's liveness canary build removes exactly the automatic recovery (every
+    // revision is treated as manual); the simulator must then find an environment left fenced.
+    let mode = if cfg!(feature = "sim-recovery-canary") {
+        RecoveryMode::Manual
+    } else {
+        revision.execution().recovery()
+    };
+    if mode == RecoveryMode::Manual {
         blocked(
             envs,
             ctx,

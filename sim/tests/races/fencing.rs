@@ -73,3 +73,47 @@ fn claims_expired_by_a_clock_step_are_refused_over_the_wire_until_a_new_claim() 
         assert!(refused > 0, "no call used an expired claim");
     }
 }
+
+/// A node cut off for good: an operation is live; its executor node loses its network (its
+/// kubelet stops reporting, every replica is cut from it) and every replica crashes. The
+/// operation is fenced at its lease deadline and the automatic recovery deletes the exact Pod,
+/// but no kubelet confirms its end, so the environment stays fenced with the same operation,
+/// its Pod stopped but not terminal, to the end of the run. The liveness phase accepts that
+/// only because the script cut the node for good: the run's time-to-recover line names the
+/// environment as not judged. (Without the cut the environment recovers automatically and the
+/// fence assertion trips; `tests/invariants.rs` shows the phase failing a fence elsewhere.)
+#[test]
+fn an_environment_whose_node_is_cut_off_for_good_stays_fenced_and_is_not_judged() {
+    const LOOKED_MS: u64 = 45_000;
+    let mut then = orphan_the_live_operation();
+    then.push((0, Action::CutNodeForGood(0)));
+    then.extend((0..3).map(|i| (1_000, Action::Restart(i))));
+    then.push((LOOKED_MS, Action::Snapshot));
+    then.push((LOOKED_MS, Action::SnapshotRuntime));
+    let script = [at(1_000, Action::WhenOperationLive(then))];
+    for report in passes_for(Scenario::Smoke, 1..=1, 75, &script) {
+        let lines = lines(&report);
+        let (live_ms, id, name) = live_operation(&lines);
+        let after = snapshot_of(&lines, live_ms + LOOKED_MS, &name);
+        assert!(
+            after.contains(&format!("fence=FenceUnknown op={id} ")),
+            "not fenced with its operation while its node is cut off: {after}"
+        );
+        let owner = format!(" env={name} ");
+        let stopped = lines.iter().any(|l| {
+            l.ms == live_ms + LOOKED_MS
+                && l.event.starts_with("snapshot pod ")
+                && l.event.contains(&owner)
+                && l.event.contains(" phase=Running deleting=yes ")
+        });
+        assert!(stopped, "the Pod of {name} is not stopped and unconfirmed");
+        assert!(
+            report
+                .recovery
+                .contains("not judged (executor node cut off for good): ")
+                && report.recovery.contains(&name),
+            "{}",
+            report.recovery
+        );
+    }
+}
