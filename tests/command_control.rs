@@ -1,10 +1,9 @@
 //! The command-control RPCs of docs/commands.md §6 where the executor has no supervisor (a
 //! sandboxed `dev`): each is authorized read-only (a stale claim is refused as for any
 //! data-plane call), a malformed request is INVALID_ARGUMENT, an id the claim never started is
-//! NOT_FOUND `command_not_found`, terminal sessions UNIMPLEMENTED; none writes the environment
-//! or runs anything. A start asking
-//! the foreground path for variables, a working directory, stdin or a PTY is refused rather
-//! than run without them. tests/commands_detached.rs covers `dev` with supervisors.
+//! NOT_FOUND `command_not_found` (a resize and an attach too); none writes the environment or
+//! runs anything. A start asking the foreground path for variables, a working directory, stdin
+//! or a PTY is refused UNIMPLEMENTED rather than run without them. tests/commands_detached.rs covers `dev` with supervisors.
 
 mod common;
 
@@ -130,17 +129,17 @@ async fn command_control_is_authorized_read_only_and_refuses_what_this_executor_
     let invalid = (Code::InvalidArgument, "invalid_argument".to_owned());
     let absent = (Code::NotFound, "command_not_found".to_owned());
     let ok = (Code::Ok, String::new());
-    // Follow, stdin and signal of an id this claim never started: absent; an empty list;
-    // terminal sessions (resize, attach) are not built yet.
+    // Follow, stdin, signal, resize and attach of an id this claim never started: absent; an
+    // empty list.
     assert_eq!(
         control_answers(&mut client, &ctx, false).await,
         vec![
             absent.clone(),
             absent.clone(),
-            absent,
-            unimplemented.clone(),
+            absent.clone(),
+            absent.clone(),
             ok,
-            unimplemented.clone()
+            absent
         ]
     );
     assert_eq!(
@@ -148,8 +147,8 @@ async fn command_control_is_authorized_read_only_and_refuses_what_this_executor_
         vec![invalid.clone(); 6]
     );
 
-    // Starts the foreground path cannot honour (it takes no variables, directory or stdin;
-    // no terminals yet): refused, nothing ran.
+    // Starts the foreground path cannot honour (it takes no variables, directory, stdin or
+    // terminal): refused, nothing ran.
     let mut with_env = start(&ctx, "touch ran-env");
     with_env.env.push(pb::CommandEnvVar {
         name: "TOKEN".into(),

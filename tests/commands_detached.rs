@@ -54,11 +54,7 @@ async fn refusals(
     let status = client.command_status(query(ctx, id, 0)).await.unwrap_err();
     let follow = match client.follow_command(query(ctx, id, 0)).await {
         Err(refused) => refused,
-        Ok(stream) => stream
-            .into_inner()
-            .message()
-            .await
-            .expect_err("the follow is refused"),
+        Ok(stream) => first_answer(stream.into_inner(), "follow").await,
     };
     let stdin = client
         .write_command_stdin(pb::CommandStdinRequest {
@@ -77,14 +73,58 @@ async fn refusals(
         })
         .await
         .unwrap_err();
+    let resize = client
+        .resize_command(pb::CommandResizeRequest {
+            context: Some(ctx.clone()),
+            command_id: id.into(),
+            rows: 30,
+            cols: 100,
+        })
+        .await
+        .unwrap_err();
+    let attach = attach_refusal(client, ctx, id).await;
     let cancel = client.cancel_command(query(ctx, id, 0)).await.unwrap_err();
     vec![
         ("status", refusal(&status)),
         ("follow", refusal(&follow)),
         ("stdin", refusal(&stdin)),
         ("signal", refusal(&signal)),
+        ("resize", refusal(&resize)),
+        ("attach", refusal(&attach)),
         ("cancel", refusal(&cancel)),
     ]
+}
+
+/// An attach to `id` that types a key and asks for a resize: how it is refused, at its open
+/// or as its stream's first answer.
+async fn attach_refusal(client: &mut Client, ctx: &pb::RequestContext, id: &str) -> tonic::Status {
+    let inputs = vec![
+        attach_input(pb::command_attach_input::Input::Open(query(ctx, id, 0))),
+        attach_input(pb::command_attach_input::Input::Stdin(b"x".to_vec())),
+        attach_input(pb::command_attach_input::Input::Resize(pb::PtySize {
+            rows: 30,
+            cols: 100,
+        })),
+    ];
+    match client.attach_command(futures::stream::iter(inputs)).await {
+        Err(refused) => refused,
+        Ok(stream) => first_answer(stream.into_inner(), "attach").await,
+    }
+}
+
+/// The refusal a stream answers first (within 20 s).
+async fn first_answer(
+    mut stream: tonic::Streaming<pb::CommandOutputEvent>,
+    call: &str,
+) -> tonic::Status {
+    tokio::time::timeout(Duration::from_secs(20), stream.message())
+        .await
+        .unwrap_or_else(|_| panic!("the {call} is answered neither with a refusal nor output"))
+        .expect_err(&format!("the {call} is refused"))
+}
+
+fn attach_input(input: pb::command_attach_input::Input) -> pb::CommandAttachInput {
+    pb::CommandAttachInput { input: Some(input) }
 }
 
 /// Under `ctx`, the command `existing` looks exactly like the absent `absent` to every
@@ -987,5 +1027,402 @@ async fn the_cli_detaches_lists_follows_and_kills_and_a_foreground_exec_streams(
         .unwrap();
     assert!(!orphan.status.success());
     assert!(String::from_utf8_lossy(&orphan.stderr).contains("no claim for binding cli"));
+    dev.stop().await.unwrap();
+}
+
+/// A detached start of `command` on a terminal of `rows` × `cols`.
+fn on_terminal(
+    ctx: &pb::RequestContext,
+    command: &str,
+    rows: u32,
+    cols: u32,
+) -> pb::CommandStartRequest {
+    pb::CommandStartRequest {
+        pty: Some(pb::PtySize { rows, cols }),
+        ..detached(ctx, command)
+    }
+}
+
+fn resize(ctx: &pb::RequestContext, id: &str, rows: u32, cols: u32) -> pb::CommandResizeRequest {
+    pb::CommandResizeRequest {
+        context: Some(ctx.clone()),
+        command_id: id.into(),
+        rows,
+        cols,
+    }
+}
+
+/// One `AttachCommand` session driven by the test: inputs sent one by one, output collected.
+struct Attached {
+    inputs: tokio::sync::mpsc::Sender<pb::CommandAttachInput>,
+    events: tonic::Streaming<pb::CommandOutputEvent>,
+    next_offset: i64,
+    output: Vec<u8>,
+    end: Option<pb::CommandStatusResponse>,
+}
+
+impl Attached {
+    async fn open(client: &mut Client, ctx: &pb::RequestContext, id: &str, offset: i64) -> Self {
+        let (inputs, rx) = tokio::sync::mpsc::channel(16);
+        let open = pb::command_attach_input::Input::Open(query(ctx, id, offset));
+        inputs.send(attach_input(open)).await.unwrap();
+        let events = client
+            .attach_command(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("the attach opens")
+            .into_inner();
+        Self {
+            inputs,
+            events,
+            next_offset: offset,
+            output: Vec::new(),
+            end: None,
+        }
+    }
+
+    async fn send(&self, input: pb::command_attach_input::Input) {
+        self.inputs.send(attach_input(input)).await.unwrap();
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output).into_owned()
+    }
+
+    /// The next event within 30 s; `None` once the stream has ended.
+    async fn next(&mut self) -> Option<Result<(), tonic::Status>> {
+        let event = tokio::time::timeout(Duration::from_secs(30), self.events.message())
+            .await
+            .unwrap_or_else(|_| panic!("no event within 30 s; output so far: {}", self.text()));
+        let event = match event {
+            Ok(Some(event)) => event,
+            Ok(None) => return None,
+            Err(status) => return Some(Err(status)),
+        };
+        match event.event.unwrap() {
+            pb::command_output_event::Event::Chunk(chunk) => {
+                assert_eq!(
+                    chunk.stream,
+                    pb::OutputStream::Pty as i32,
+                    "terminal output"
+                );
+                assert_eq!(chunk.offset, self.next_offset, "contiguous and in order");
+                self.next_offset += chunk.data.len() as i64;
+                self.output.extend_from_slice(&chunk.data);
+            }
+            pb::command_output_event::Event::End(end) => self.end = Some(end),
+            pb::command_output_event::Event::DroppedBytes(n) => panic!("dropped {n}"),
+        }
+        Some(Ok(()))
+    }
+
+    /// Reads output until it contains `text`.
+    async fn until(&mut self, text: &str) {
+        while !self.text().contains(text) {
+            assert!(
+                self.end.is_none(),
+                "ended without {text:?}: {}",
+                self.text()
+            );
+            self.next()
+                .await
+                .expect("the stream is open")
+                .expect("no error");
+        }
+    }
+
+    /// Reads to the command's end.
+    async fn end(&mut self) -> pb::CommandStatusResponse {
+        while self.end.is_none() {
+            self.next()
+                .await
+                .expect("the stream is open")
+                .expect("no error");
+        }
+        assert!(self.next().await.is_none(), "the end is the last event");
+        self.end.clone().unwrap()
+    }
+
+    /// The error the stream ends with.
+    async fn refusal(&mut self) -> tonic::Status {
+        loop {
+            match self.next().await.expect("the stream ends with an error") {
+                Ok(()) => assert!(self.end.is_none(), "ended without an error"),
+                Err(status) => return status,
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_commands_resize_attach_and_refuse_with_their_codes() {
+    use pb::command_attach_input::Input;
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev_unisolated(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "pty").await.environment.unwrap();
+    let api: Api<ExecutionEnvironment> = Api::namespaced(dev.kube.clone(), DEV_NAMESPACE);
+    let version = || async { api.get(&env.id).await.unwrap().metadata.resource_version };
+    let claim = acquire(&mut client, "pty", &env).await;
+    let ctx = context("pty", &claim);
+
+    // A terminal command: `tty` names a pseudo-terminal, `stty size` the start size; its
+    // output is one terminal stream (newlines as the line discipline writes them).
+    let id = start(&mut client, on_terminal(&ctx, "tty; stty size", 24, 80)).await;
+    let end = ended(&mut client, &ctx, &id).await;
+    assert_eq!(end.state, pb::CommandState::Succeeded as i32);
+    let text = String::from_utf8_lossy(&end.stdout).into_owned();
+    assert!(text.starts_with("/dev/pts/"), "{text:?}");
+    assert!(text.ends_with("\r\n24 80\r\n"), "{text:?}");
+    assert!(
+        end.chunks
+            .iter()
+            .all(|c| c.stream == pb::OutputStream::Pty as i32)
+    );
+    assert_eq!(end.terminal_receipt.len(), 64);
+
+    // ResizeCommand: `stty size` after the resize sees it; neither the resize nor the
+    // keystroke writes the environment.
+    let sized = start(
+        &mut client,
+        on_terminal(&ctx, "stty size; read -r line; stty size", 24, 80),
+    )
+    .await;
+    eventually(Duration::from_secs(30), "the start size", || {
+        let mut client = client.clone();
+        let request = query(&ctx, &sized, 0);
+        async move {
+            let status = client.command_status(request).await.unwrap().into_inner();
+            String::from_utf8_lossy(&status.stdout)
+                .contains("24 80")
+                .then_some(())
+        }
+    })
+    .await;
+    let before = version().await;
+    client
+        .resize_command(resize(&ctx, &sized, 40, 120))
+        .await
+        .expect("the terminal is resized");
+    client
+        .write_command_stdin(pb::CommandStdinRequest {
+            context: Some(ctx.clone()),
+            command_id: sized.clone(),
+            data: b"\n".to_vec(),
+            close: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        version().await,
+        before,
+        "a resize and a keystroke write nothing"
+    );
+    let end = ended(&mut client, &ctx, &sized).await;
+    let text = String::from_utf8_lossy(&end.stdout).into_owned();
+    assert!(text.ends_with("24 80\r\n\r\n40 120\r\n"), "{text:?}");
+
+    // AttachCommand: a resize and a typed line reach the command, then a typed ^C is SIGINT
+    // to the terminal's foreground job (its trap exits 5); the session ends with the status.
+    let script = "read -r line; echo \"got:$line\"; stty size; \
+                  trap 'echo caught-int; exit 5' INT; echo armed; while :; do sleep 0.05; done";
+    let shell = start(&mut client, on_terminal(&ctx, script, 24, 80)).await;
+    let before = version().await;
+    let mut attached = Attached::open(&mut client, &ctx, &shell, 0).await;
+    attached
+        .send(Input::Resize(pb::PtySize {
+            rows: 30,
+            cols: 100,
+        }))
+        .await;
+    attached.send(Input::Stdin(b"hello\n".to_vec())).await;
+    attached.until("got:hello\r\n30 100\r\n").await;
+    attached.until("armed").await;
+    attached.send(Input::Stdin(vec![0x03])).await;
+    let end = attached.end().await;
+    assert_eq!(
+        (end.state, end.exit_code),
+        (pb::CommandState::Failed as i32, 5),
+        "{}",
+        attached.text()
+    );
+    assert!(
+        attached.text().contains("caught-int"),
+        "{}",
+        attached.text()
+    );
+    assert_eq!(end.next_offset, attached.next_offset);
+    assert_eq!(end.terminal_receipt.len(), 64);
+    assert_eq!(version().await, before, "an attach writes nothing");
+    // An attach resumes at an offset: an ended command's output from there, then its end.
+    let mut again = Attached::open(&mut client, &ctx, &shell, 4).await;
+    let replayed = again.end().await;
+    assert_eq!(again.output, attached.output[4..]);
+    assert_eq!(replayed.terminal_receipt, end.terminal_receipt);
+
+    // Refusals, each with its code, none writing anything.
+    let plain = start(&mut client, detached(&ctx, "sleep 600")).await;
+    let settled = version().await;
+    for (rows, cols) in [(0, 80), (24, 0), (1001, 80), (24, 1001)] {
+        let refused = client
+            .start_command(on_terminal(&ctx, "true", rows, cols))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{rows}x{cols}");
+        let refused = client
+            .resize_command(resize(&ctx, &plain, rows, cols))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{rows}x{cols}");
+    }
+    let foreground = pb::CommandStartRequest {
+        detach: false,
+        ..on_terminal(&ctx, "true", 24, 80)
+    };
+    let refused = client.start_command(foreground).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Code::Unimplemented,
+        "a terminal needs a detached start"
+    );
+    let no_terminal = client
+        .resize_command(resize(&ctx, &plain, 30, 100))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        code_of(&no_terminal),
+        (Code::FailedPrecondition, "command_ended".into())
+    );
+    let after_end = client
+        .resize_command(resize(&ctx, &id, 30, 100))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        code_of(&after_end),
+        (Code::FailedPrecondition, "command_ended".into())
+    );
+    let unknown = client
+        .resize_command(resize(&ctx, "no-such-id", 30, 100))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        code_of(&unknown),
+        (Code::NotFound, "command_not_found".into())
+    );
+    let not_opened = client
+        .attach_command(futures::stream::iter([attach_input(Input::Stdin(
+            b"x".to_vec(),
+        ))]))
+        .await
+        .unwrap_err();
+    assert_eq!(not_opened.code(), Code::InvalidArgument);
+    assert_eq!(
+        version().await,
+        settled,
+        "refused starts and resizes write nothing"
+    );
+    let waiting = start(&mut client, on_terminal(&ctx, "read -r line", 24, 80)).await;
+    let bad_inputs = [
+        Input::Resize(pb::PtySize { rows: 0, cols: 80 }),
+        Input::Resize(pb::PtySize {
+            rows: 24,
+            cols: 1001,
+        }),
+        Input::Stdin(vec![b'x'; 64 * 1024 + 1]),
+        Input::Signal(pb::CommandSignal::Unspecified as i32),
+        Input::Open(query(&ctx, &waiting, 0)),
+    ];
+    let settled_again = version().await;
+    for bad in bad_inputs {
+        let shown = format!("{bad:?}").chars().take(60).collect::<String>();
+        let mut attached = Attached::open(&mut client, &ctx, &waiting, 0).await;
+        attached.send(bad).await;
+        let refused = attached.refusal().await;
+        assert_eq!(refused.code(), Code::InvalidArgument, "{shown}");
+    }
+    assert_eq!(
+        version().await,
+        settled_again,
+        "refused inputs write nothing"
+    );
+    let status = client
+        .command_status(query(&ctx, &waiting, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        status.state,
+        pb::CommandState::Running as i32,
+        "no refused input reached the command"
+    );
+    dev.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_shell_runs_piped_input_on_a_terminal() {
+    use tokio::io::AsyncWriteExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let dev = start_dev_unisolated(dir).await;
+    cli_json(dev.addr, dir, &["--json", "ensure", "--binding", "sh"]).await;
+    let shell = |input: &'static [u8]| {
+        let mut command = cli(dev.addr, dir, &["shell", "--binding", "sh"]);
+        command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        async move {
+            let mut child = command.spawn().expect("the client starts");
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(input).await.unwrap();
+            drop(stdin);
+            tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+                .await
+                .expect("the shell ends")
+                .unwrap()
+        }
+    };
+
+    // Without a claim: `shell` takes one, runs `/bin/sh -i` on a terminal fed by the piped
+    // input, exits with the shell's code, and releases the claim it took.
+    let out = shell(b"tty\necho sum-$((6*7))\nexit 3\n").await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("/dev/pts/"), "{stdout}");
+    assert!(stdout.contains("sum-42\r\n"), "{stdout}");
+    let none = cli(dev.addr, dir, &["ps", "--binding", "sh"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("no claim for binding sh"),
+        "the shell's own claim is released and forgotten"
+    );
+
+    // Under a held claim (`run acquire` saved it): the shell reuses it, leaves it held, and
+    // its end is recorded; the end of input is end-of-file for the shell.
+    cli_json(
+        dev.addr,
+        dir,
+        &["--json", "run", "acquire", "--binding", "sh", "--ttl", "2m"],
+    )
+    .await;
+    let out = shell(b"echo he''ld\n").await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(stdout.contains("held\r\n"), "{stdout}");
+    let listed = cli_json(dev.addr, dir, &["--json", "ps", "--binding", "sh"]).await;
+    let commands = listed["commands"].as_array().unwrap();
+    assert_eq!(commands.len(), 1, "{listed}");
+    assert_eq!(commands[0]["state"], "succeeded", "{listed}");
     dev.stop().await.unwrap();
 }

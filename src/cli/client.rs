@@ -125,6 +125,10 @@ pub enum ClientCommand {
     /// Ends a command: a cancel with its end proven, or `--signal` INT, TERM, KILL or HUP.
     #[command(after_help = crate::cli::examples::KILL)]
     Kill(super::commands::KillArgs),
+    /// Opens an interactive shell in the environment on a terminal (`/bin/sh -i` unless a
+    /// program is given); exits with the shell's exit code.
+    #[command(after_help = crate::cli::examples::SHELL)]
+    Shell(super::shell::ShellArgs),
     /// Lists the commands of the claim.
     #[command(after_help = crate::cli::examples::PS)]
     Ps(super::commands::PsArgs),
@@ -310,6 +314,10 @@ pub async fn run(args: ClientArgs) -> anyhow::Result<i32> {
             let session = Session::ensure(client, owner, &kill.target, !args.json).await?;
             let claim = super::commands::existing_claim(&session, &kill.claim, &saved)?;
             super::commands::kill(&session, &claim, &kill, args.json).await
+        }
+        ClientCommand::Shell(shell) => {
+            let session = Session::ensure(client, owner, &shell.target, !args.json).await?;
+            super::shell::shell(&session, shell, &saved).await
         }
         ClientCommand::Ps(ps) => {
             let session = Session::ensure(client, owner, &ps.target, !args.json).await?;

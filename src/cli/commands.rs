@@ -1,5 +1,5 @@
 //! `client exec` (streamed, or `--detach`), `logs`, `attach CMD`, `kill` and `ps`: the
-//! commands that outlive one call (docs/commands.md §6, §11).
+//! commands that outlive one call (docs/commands.md §6, §11); `shell` is in [`super::shell`].
 //!
 //! A foreground `exec` starts its command detached and follows its output, printing each chunk
 //! as it arrives; it renews the claim it took while it follows and releases it at the end, and
@@ -21,9 +21,9 @@ use crate::api::pb;
 use crate::runtime::{Clock as _, SystemClock};
 
 /// How often a dropped follow is attached again before `exec`/`logs` give up.
-const REATTACH_ATTEMPTS: u32 = 5;
+pub(super) const REATTACH_ATTEMPTS: u32 = 5;
 /// The pause before attaching again.
-const REATTACH_PAUSE: Duration = Duration::from_millis(250);
+pub(super) const REATTACH_PAUSE: Duration = Duration::from_millis(250);
 /// The most output a `--json` foreground `exec` collects per stream.
 const JSON_OUTPUT_BOUND: usize = 1024 * 1024;
 /// The largest stdin chunk one `WriteCommandStdin` carries.
@@ -124,12 +124,12 @@ pub struct PsArgs {
 
 /// The claim a command runs under, and where it came from.
 #[derive(Debug, Clone)]
-struct Held {
-    claim: Claim,
+pub(super) struct Held {
+    pub(super) claim: Claim,
     /// Saved for the binding by `exec --detach`.
     saved: bool,
     /// Taken by this call: a foreground `exec` renews it while it runs and releases it.
-    own: bool,
+    pub(super) own: bool,
 }
 
 /// The claim flags, else the binding's saved claim; `None` when neither names one.
@@ -173,7 +173,7 @@ pub fn existing_claim(
 }
 
 /// The named claim, or a fresh one taken for this call.
-async fn claim_for(
+pub(super) async fn claim_for(
     session: &Session,
     args: &ClaimArgs,
     saved: &SavedClaims,
@@ -384,14 +384,19 @@ async fn follow_to_end(
     }
 }
 
-fn reattachable(status: &tonic::Status) -> bool {
+pub(super) fn reattachable(status: &tonic::Status) -> bool {
     matches!(
         status.code(),
         Code::Unavailable | Code::Unknown | Code::Internal
     )
 }
 
-fn query(session: &Session, claim: &Claim, id: &str, offset: u64) -> pb::CommandQueryRequest {
+pub(super) fn query(
+    session: &Session,
+    claim: &Claim,
+    id: &str,
+    offset: u64,
+) -> pb::CommandQueryRequest {
     pb::CommandQueryRequest {
         context: Some(session.context(claim)),
         command_id: id.to_owned(),
@@ -400,7 +405,7 @@ fn query(session: &Session, claim: &Claim, id: &str, offset: u64) -> pb::Command
     }
 }
 
-async fn cancel(
+pub(super) async fn cancel(
     session: &Session,
     claim: &Claim,
     id: &str,
@@ -491,7 +496,7 @@ async fn pump_stdin(session: Session, claim: Claim, id: String) -> anyhow::Resul
 }
 
 /// Sends stdin's chunks to `tx`, then an empty chunk at end of input.
-fn read_stdin(tx: &tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>) {
+pub(super) fn read_stdin(tx: &tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>) {
     use std::io::Read as _;
     let mut stdin = std::io::stdin().lock();
     let mut buffer = vec![0u8; STDIN_CHUNK];

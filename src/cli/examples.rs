@@ -31,6 +31,10 @@ execution-provider client logs --binding my-agent --follow --from 0 5d41c0de";
 pub const KILL: &str = "Examples (a proven cancel; a signal):\n  \
 execution-provider client kill --binding my-agent 5d41c0de\n  \
 execution-provider client kill --binding my-agent --signal INT 5d41c0de";
+/// `client shell`.
+pub const SHELL: &str = "Examples (`/bin/sh -i` on a terminal; another program):\n  \
+execution-provider client shell --binding my-agent\n  \
+execution-provider client shell --binding my-agent --ttl 5m -- bash -l";
 /// `client ps`.
 pub const PS: &str = "Example:\n  execution-provider client ps --binding my-agent";
 /// `client file read`.

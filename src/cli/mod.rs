@@ -9,12 +9,14 @@ pub mod describe;
 pub mod dev;
 pub mod dev_kubectl;
 pub mod examples;
+pub mod local_terminal;
 pub mod pki;
 pub mod refs;
 pub mod saved_claim;
 pub mod security;
 pub mod serve;
 pub mod session;
+pub mod shell;
 pub mod state_dir;
 pub mod status;
 

@@ -1,5 +1,5 @@
 //! Supervised commands, the read-only part (docs/commands.md §5.3, §7): status, follow,
-//! stdin, signals and listing. Each starts from a claim [`Store::validate_run_claim_under`]
+//! stdin, signals and listing (resize and attach are in [`super::command_terminal`]). Each starts from a claim [`Store::validate_run_claim_under`]
 //! found current (one GET), requires the command's lease to belong to exactly that claim (a
 //! foreign or earlier claim sees what an absent command looks like), and then asks the
 //! supervisor, which checks the claim's tuple and deadline again. Nothing here writes to
@@ -163,14 +163,8 @@ impl Store {
             close,
         };
         let target = self.supervisor_target(&claim.observed)?;
-        match self.supervisor_call(&target, &request).await? {
-            SupervisorReply::Stdin { accepted, open } => Ok((accepted, open)),
-            SupervisorReply::Error(error) if error.code == HelperCode::ResourceExhausted => Err(
-                StoreError::command(&claim.rc.env.id, ErrorCode::StdinFull, "stdin is full"),
-            ),
-            SupervisorReply::Error(error) => Err(refusal(&claim.rc.env.id, error.code)),
-            _ => Err(unreachable(&claim.rc.env.id)),
-        }
+        let reply = self.supervisor_call(&target, &request).await?;
+        super::command_terminal::stdin_answer(&claim.rc.env.id, reply)
     }
 
     /// `SignalCommand`: sends `signal` to the command's process group (no write; the end,
@@ -268,7 +262,7 @@ impl Store {
 /// A supervisor's refusal as the API's code: an id it does not know for this claim is
 /// `command_not_found`, an ended command (or closed stdin, or no terminal) `command_ended`,
 /// a bad offset or chunk INVALID_ARGUMENT.
-fn refusal(env: &str, code: HelperCode) -> StoreError {
+pub(super) fn refusal(env: &str, code: HelperCode) -> StoreError {
     match code {
         HelperCode::NotFound => not_found(env),
         HelperCode::Conflict => StoreError::command(env, ErrorCode::CommandEnded, "command ended"),

@@ -22,7 +22,7 @@ use super::{ClaimContext, RunClaim, Store, StoreError};
 use crate::errors::ErrorCode;
 use crate::executor::protocol::ErrorCode as HelperCode;
 use crate::executor::supervisor_protocol::{
-    CommandView, MAX_LEASE, MAX_WINDOW, StartRequest, SupervisorReply, SupervisorRequest,
+    CommandView, MAX_LEASE, MAX_WINDOW, PtySize, StartRequest, SupervisorReply, SupervisorRequest,
 };
 use crate::executor::transport::{
     ExecutorTarget, SupervisorSession, SupervisorTarget, TransportError,
@@ -45,6 +45,8 @@ pub struct DetachedStart {
     pub timeout_ms: u64,
     /// Give the command a stdin pipe.
     pub stdin: bool,
+    /// Run the command on a terminal of this size (its stdin, stdout and stderr).
+    pub pty: Option<PtySize>,
 }
 
 impl fmt::Debug for DetachedStart {
@@ -56,6 +58,7 @@ impl fmt::Debug for DetachedStart {
             .field("working_dir", &self.working_dir)
             .field("timeout_ms", &self.timeout_ms)
             .field("stdin", &self.stdin)
+            .field("pty", &self.pty)
             .finish()
     }
 }
@@ -205,7 +208,7 @@ impl Store {
             working_dir: start.working_dir,
             timeout_ms: start.timeout_ms,
             stdin: start.stdin,
-            pty: None,
+            pty: start.pty,
             window_bytes: window,
         });
         let reply = session.call(&request).await.map_err(|error| {

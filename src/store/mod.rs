@@ -18,6 +18,7 @@ pub mod command_authority;
 pub mod command_invariants;
 pub mod command_leases;
 pub mod command_reads;
+pub mod command_terminal;
 pub mod commands;
 pub mod describe;
 pub mod dispatch;

@@ -1,25 +1,25 @@
 //! The command-control RPCs of docs/commands.md §6, served by the executor supervisor through
-//! the store: detached starts, status, cancel, following output, stdin, signals and listing.
+//! the store: detached starts (on a terminal too), status, cancel, following output, stdin,
+//! signals, terminal resizes and listing; `AttachCommand` is in [`super::attach`].
 //!
 //! Each runs the whole data-plane authorization chain read-only (context, grant, the durable
 //! run claim) and checks the request's shape before the store acts; only a detached start and
 //! a cancel write (their lease). Grants carry no new operation names: reads (status, follow,
 //! list) are authorized as `command.status`, interaction (stdin, resize, attach) as
 //! `command.start`, signals and cancel as `command.cancel`, so grants minted before these
-//! RPCs keep working. Terminal sessions (resize, attach) are not built yet: authorized,
-//! shape-checked, then UNIMPLEMENTED.
+//! RPCs keep working.
 
 use std::pin::Pin;
 use std::time::Duration;
 
 use futures::Stream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 
 use super::ProviderService;
 use super::auth::refuse;
 use crate::api::pb;
 use crate::errors::{ErrorCode, WireError};
-use crate::executor::supervisor_protocol::CommandSignal;
+use crate::executor::supervisor_protocol::{CommandSignal, PtySize};
 use crate::server::command_convert;
 use crate::server::limiter::Slot;
 use crate::store::command_reads::CommandFollow;
@@ -40,7 +40,7 @@ pub const MAX_PTY_DIMENSION: u32 = 1000;
 impl ProviderService {
     /// The read-only chain of one command-control call: context, grant for `operation`, the
     /// current run claim (one GET, no write); then `well_formed`, else INVALID_ARGUMENT.
-    async fn authorize_command_call<T>(
+    pub(super) async fn authorize_command_call<T>(
         &self,
         request: &Request<T>,
         context: Option<&pb::RequestContext>,
@@ -60,7 +60,20 @@ impl ProviderService {
         Ok(claim)
     }
 
-    /// `StartCommand{detach}`: the lease write, the supervisor's start, the id at once.
+    /// Whether the caller's grant, as its context presents it, allows `operation` too (a local
+    /// check of the grant's signature and operations; no read).
+    pub(super) fn grant_allows<T>(
+        &self,
+        request: &Request<T>,
+        context: Option<&pb::RequestContext>,
+        operation: &str,
+    ) -> bool {
+        self.client(request)
+            .is_ok_and(|client| self.data_plane_context(&client, context, operation).is_ok())
+    }
+
+    /// `StartCommand{detach}`: the lease write, the supervisor's start, the id at once; with
+    /// `pty`, the command runs on a terminal of that size.
     pub(super) async fn start_detached_command(
         &self,
         claim: ValidatedClaim,
@@ -76,6 +89,7 @@ impl ProviderService {
             working_dir: r.working_directory.clone(),
             timeout_ms: u64::try_from(r.timeout_millis).unwrap_or(0),
             stdin: r.open_stdin,
+            pty: r.pty.as_ref().and_then(pty_size),
         };
         let view = self.store.start_detached(claim, start).await?;
         let status = command_convert::command_view(&view, true);
@@ -181,16 +195,25 @@ impl ProviderService {
         Ok(Response::new(command_convert::listed(&view, true)))
     }
 
-    /// Terminal sessions are not built yet: authorized, shape-checked, then UNIMPLEMENTED.
+    /// `ResizeCommand`: read-only like stdin and signals (no status write).
     pub(super) async fn handle_resize_command(
         &self,
         request: Request<pb::CommandResizeRequest>,
     ) -> Result<Response<()>, Status> {
         let r = request.get_ref();
-        let ok = valid_command_id(&r.command_id) && pty_size_ok(r.rows, r.cols);
-        self.authorize_command_call(&request, r.context.as_ref(), "command.start", ok)
+        let size = pty_size(&pb::PtySize {
+            rows: r.rows,
+            cols: r.cols,
+        });
+        let ok = valid_command_id(&r.command_id) && size.is_some();
+        let claim = self
+            .authorize_command_call(&request, r.context.as_ref(), "command.start", ok)
             .await?;
-        Err(refuse(ErrorCode::Unimplemented))
+        let size = size.ok_or_else(|| refuse(ErrorCode::InvalidArgument))?;
+        self.store
+            .resize_command(&claim, &r.command_id, size)
+            .await?;
+        Ok(Response::new(()))
     }
 
     pub(super) async fn handle_list_commands(
@@ -211,27 +234,10 @@ impl ProviderService {
                 .collect(),
         }))
     }
-
-    /// The first input must open the session; its query is authorized like a follow. PTY
-    /// sessions are not built yet: then UNIMPLEMENTED.
-    pub(super) async fn handle_attach_command(
-        &self,
-        mut request: Request<Streaming<pb::CommandAttachInput>>,
-    ) -> Result<Response<OutputEvents>, Status> {
-        self.client(&request)?;
-        let first = request.get_mut().message().await?;
-        let open = match first.and_then(|i| i.input) {
-            Some(pb::command_attach_input::Input::Open(q)) => q,
-            _ => return Err(refuse(ErrorCode::InvalidArgument)),
-        };
-        let ok = query_well_formed(&open);
-        self.authorize_command_call(&request, open.context.as_ref(), "command.start", ok)
-            .await?;
-        Err(refuse(ErrorCode::Unimplemented))
-    }
 }
 
-/// Most output streams (`FollowCommand`) one replica serves at once, and per client.
+/// Most output streams (`FollowCommand`, `AttachCommand`) one replica serves at once, and per
+/// client.
 pub const MAX_COMMAND_STREAMS: usize = 256;
 /// See [`MAX_COMMAND_STREAMS`].
 pub const MAX_COMMAND_STREAMS_PER_CLIENT: usize = 64;
@@ -255,11 +261,11 @@ fn output_events(follow: CommandFollow, slot: Slot) -> OutputEvents {
     Box::pin(events)
 }
 
-fn offset_of(offset: i64) -> u64 {
+pub(super) fn offset_of(offset: i64) -> u64 {
     u64::try_from(offset).unwrap_or(0)
 }
 
-fn supervisor_signal(signal: i32) -> Option<CommandSignal> {
+pub(super) fn supervisor_signal(signal: i32) -> Option<CommandSignal> {
     match pb::CommandSignal::try_from(signal) {
         Ok(pb::CommandSignal::Int) => Some(CommandSignal::Int),
         Ok(pb::CommandSignal::Term) => Some(CommandSignal::Term),
@@ -331,4 +337,15 @@ pub(super) fn query_well_formed(r: &pb::CommandQueryRequest) -> bool {
 
 pub(super) fn pty_size_ok(rows: u32, cols: u32) -> bool {
     (1..=MAX_PTY_DIMENSION).contains(&rows) && (1..=MAX_PTY_DIMENSION).contains(&cols)
+}
+
+/// A terminal size in range as the supervisor takes it.
+pub(super) fn pty_size(size: &pb::PtySize) -> Option<PtySize> {
+    if !pty_size_ok(size.rows, size.cols) {
+        return None;
+    }
+    Some(PtySize {
+        rows: u16::try_from(size.rows).ok()?,
+        cols: u16::try_from(size.cols).ok()?,
+    })
 }

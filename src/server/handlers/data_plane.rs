@@ -80,16 +80,13 @@ impl ProviderService {
         if !super::commands::start_options_well_formed(r) {
             return Err(refuse(ErrorCode::InvalidArgument));
         }
-        if r.pty.is_some() {
-            // Terminal sessions are not built yet: refused, nothing written or run.
-            return Err(refuse(ErrorCode::Unimplemented));
-        }
         if r.detach {
             return self.start_detached_command(claim, r).await;
         }
         if super::commands::needs_supervisor(r) {
             // A foreground start keeps today's one-shot path, which takes no variables,
-            // directory or stdin; refusing (nothing written, nothing run) beats ignoring them.
+            // directory, stdin or terminal; refusing (nothing written, nothing run) beats
+            // ignoring them.
             return Err(refuse(ErrorCode::Unimplemented));
         }
         let command_id = self.store.new_command_id();

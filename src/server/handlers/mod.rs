@@ -3,7 +3,7 @@
 //!
 //! The service trait is implemented here once, delegating each RPC to a `handle_*` method in
 //! the file of its group: [`catalog`], [`allocation`], [`claims`], [`references`], [`admin`],
-//! [`describe`], [`data_plane`] and [`commands`]; [`auth`] holds the authentication and shape
+//! [`describe`], [`data_plane`], [`commands`] and [`attach`]; [`auth`] holds the authentication and shape
 //! checks they share.
 //!
 //! Every data-plane call (files, commands, run claims) writes one audit line when it is
@@ -11,6 +11,7 @@
 
 mod admin;
 mod allocation;
+mod attach;
 mod auth;
 mod catalog;
 mod claims;
