@@ -1426,3 +1426,48 @@ async fn the_cli_shell_runs_piped_input_on_a_terminal() {
     assert_eq!(commands[0]["state"], "succeeded", "{listed}");
     dev.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_attach_sessions_hold_stream_slots_not_unary_ones() {
+    use pb::command_attach_input::Input;
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev_unisolated(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "slots")
+        .await
+        .environment
+        .unwrap();
+    let claim = acquire(&mut client, "slots", &env).await;
+    let ctx = context("slots", &claim);
+
+    // 40 live sessions (8 on each of 5 terminal commands, the supervisor's bound per command):
+    // more than the unary limiter's 32 per client. A session holding a unary slot would make
+    // the 33rd open, and any unary call while they are open, RESOURCE_EXHAUSTED.
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let script = "read -r line; echo \"done-$line\"";
+        ids.push(start(&mut client, on_terminal(&ctx, script, 24, 80)).await);
+    }
+    let mut sessions = Vec::new();
+    for i in 0..40 {
+        sessions.push(Attached::open(&mut client, &ctx, &ids[i % 5], 0).await);
+    }
+    client
+        .command_status(query(&ctx, &ids[0], 0))
+        .await
+        .expect("a unary call is admitted while the sessions are open");
+    // Every session is live: a line typed through the first session of each command ends it,
+    // and all 40 see its output and its end.
+    for (i, session) in sessions.iter().take(5).enumerate() {
+        session
+            .send(Input::Stdin(format!("{i}\n").into_bytes()))
+            .await;
+    }
+    for (i, session) in sessions.iter_mut().enumerate() {
+        let end = session.end().await;
+        assert_eq!(end.state, pb::CommandState::Succeeded as i32);
+        let expected = format!("done-{}\r\n", i % 5);
+        assert!(session.text().contains(&expected), "{}", session.text());
+    }
+    dev.stop().await.unwrap();
+}
