@@ -19,7 +19,7 @@ use crate::invariants::{Checker, Incarnation};
 use crate::liveness::{Cluster, Liveness, Look};
 use crate::node::node_host;
 use crate::trace::Trace;
-use crate::world::{API_HOST, replica_host};
+use crate::world::{API_HOST, TICK_MS, replica_host};
 use crate::writes::WriteLog;
 
 /// Steps the simulation and applies faults.
@@ -65,6 +65,10 @@ pub(crate) struct Driver<'a> {
 
 /// Faults are considered every this many simulated milliseconds.
 const FAULT_TICK_MS: u64 = 100;
+const _: () = assert!(
+    FAULT_TICK_MS.is_multiple_of(TICK_MS),
+    "steps land on every fault tick"
+);
 
 impl Driver<'_> {
     fn ms(&self) -> u128 {
@@ -332,7 +336,7 @@ impl Driver<'_> {
             crate::world::executor_node_of,
         );
         loop {
-            for _ in 0..FAULT_TICK_MS {
+            for _ in 0..FAULT_TICK_MS / TICK_MS {
                 self.step();
             }
             if self.host_error.is_some() {
