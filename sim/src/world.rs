@@ -62,8 +62,9 @@ pub const EXECUTOR_NODES: u32 = 1;
 /// Simulated milliseconds per turmoil step. Every step runs every host's runtime once and
 /// delivers the messages due; within a step each host's timers fire at their exact instants,
 /// but messages move only at step boundaries (a latency is rounded up to a multiple of the
-/// tick). A larger tick changes every trace; measured, 10 ms saves only about a quarter of the
-/// CPU time (docs/simulation.md, "Speed"). It divides the driver's 100 ms fault tick.
+/// tick). A larger tick changes every trace; measured, 10 ms halves the CPU time of a release
+/// run and saves a quarter in debug (docs/simulation.md, "Speed"). It divides the driver's
+/// 100 ms fault tick.
 pub const TICK_MS: u64 = 1;
 
 /// The executor node host that serves `environment` (None: the executor is in process).
