@@ -1,14 +1,16 @@
 //! The operation lease at its edges (store §8; catalogue [lease] and [prov]): the expiry
 //! fence re-validates under compare-and-swap what it observed, and the completion write
-//! re-checks the run's authority even when no renewal ran.
+//! re-checks the run's authority even when no renewal ran, and the lease holds strictly
+//! before its expiry.
 
 mod store_support;
 
 use std::time::Duration;
 
 use execution_provider::errors::ErrorCode;
-use execution_provider::kube::crd::{ExecutionEnvironment, FenceState};
+use execution_provider::kube::crd::{ExecutionEnvironment, FenceState, RfcTime};
 use execution_provider::store::claims::AcquireRequest;
+use kube::api::PostParams;
 use store_support::*;
 
 fn fence_state(o: &ExecutionEnvironment) -> Option<FenceState> {
@@ -130,4 +132,53 @@ async fn completion_rechecks_the_claim_even_when_no_renewal_ran() {
     // Fenced, so not ready; the operation stays for recovery.
     assert_eq!(takeover.expect_err("refused").code(), ErrorCode::NotReady);
     assert_eq!(world.executor.call_count(), 1);
+}
+
+/// The operation lease is current strictly before its expiry (store §8): a completion at the
+/// very instant the lease expires is outside it and fences, keeping the operation on record;
+/// the same completion one nanosecond earlier clears the operation.
+#[tokio::test(start_paused = true)]
+async fn a_completion_at_the_exact_lease_expiry_fences() {
+    for (margin, fences) in [(Duration::ZERO, true), (Duration::from_nanos(1), false)] {
+        let world = World::new().await;
+        let store = world.store();
+        let c = claimed(&world, &store, "alice", "b1").await;
+        // The call takes 5 s, less than the first renewal's wait, so nothing renews the lease.
+        let call = Duration::from_secs(5);
+        world.executor.push(Script::Sleep(call));
+        let arm_peer = async {
+            wait_for_calls(&world, 1).await;
+            let completion_at = world.clock_now() + call;
+            // Just before the completion write, a peer moves the lease's expiry to the
+            // completion instant plus `margin`.
+            let (api, name) = (world.environments(), c.env.id.clone());
+            let clock = world.clock.clone();
+            world.before_write("/status", move || async move {
+                use execution_provider::runtime::Clock;
+                assert_eq!(clock.wall(), completion_at, "no time passed since the call");
+                let mut o = api.get(&name).await.expect("the peer reads");
+                let op = o
+                    .status
+                    .as_mut()
+                    .and_then(|s| s.active_operation.as_mut())
+                    .expect("the operation is on record");
+                op.expires_at = RfcTime::from_system_time(completion_at + margin);
+                api.replace_status(&name, &PostParams::default(), &o)
+                    .await
+                    .expect("the peer writes");
+            });
+        };
+        let (result, ()) = tokio::join!(store.execute(&c.caller, &c.rc, stat("a")), arm_peer);
+        let o = world.get(&c.env.id).await;
+        if fences {
+            let err = result.expect_err("the lease ended at the completion instant");
+            assert_eq!(err.code(), ErrorCode::FenceUnknown);
+            assert_eq!(fence_state(&o), Some(FenceState::FenceUnknown));
+            assert!(active_op(&o).is_some(), "identity kept for recovery");
+        } else {
+            result.expect("the lease was still current");
+            assert_eq!(fence_state(&o), Some(FenceState::Healthy));
+            assert_eq!(active_op(&o), None);
+        }
+    }
 }
