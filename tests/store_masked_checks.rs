@@ -5,13 +5,16 @@
 //! the store. In today's flows a new claim has a new id, a new epoch and a new run, and a
 //! revocation ends the run, so each test presents or stores exactly the one difference. Ensure
 //! compares the stored request fingerprint besides each identity field it covers; a stored
-//! fingerprint that alone differs refuses the replay.
+//! fingerprint that alone differs refuses the replay. Validation refuses an environment that
+//! is not serving for each reason alone: the binding's reference not Published, or the
+//! environment retiring (in today's flows retiring also withdraws the references).
 
 mod store_support;
 
 use std::time::Duration;
 
 use execution_provider::errors::ErrorCode;
+use execution_provider::kube::crd::{Desired, ReferenceState};
 use execution_provider::store::{ClaimContext, Store};
 use kube::api::PostParams;
 use store_support::*;
@@ -138,4 +141,67 @@ async fn an_ensure_replay_is_refused_when_only_the_stored_request_fingerprint_di
     let after = world.get(&name).await;
     assert_eq!(after.spec, before.spec);
     assert_eq!(after.status, before.status, "nothing was written");
+}
+
+/// One stored difference that makes an environment not serving.
+#[derive(Debug, Clone, Copy)]
+enum NotServing {
+    /// The binding's reference record is no longer Published; the environment stays Active.
+    ReferenceNotPublished,
+    /// The environment is retiring; the binding's reference stays Published.
+    Retiring,
+}
+
+#[tokio::test(start_paused = true)]
+async fn validation_refuses_an_unpublished_reference_or_a_retiring_environment_each_alone() {
+    // Validation answers not ready for both; the dispatch's admission, which does not
+    // validate first, answers not found for a reference that is not published.
+    for (difference, dispatch_code) in [
+        (NotServing::ReferenceNotPublished, ErrorCode::NotFound),
+        (NotServing::Retiring, ErrorCode::NotReady),
+    ] {
+        let world = World::new().await;
+        let store = world.store();
+        let c = claimed(&world, &store, "alice", "b1").await;
+        let api = world.environments();
+        let mut o = api.get(&c.env.id).await.expect("get");
+        match difference {
+            NotServing::ReferenceNotPublished => {
+                let status = o.status.as_mut().expect("status");
+                let reference = status
+                    .references
+                    .iter_mut()
+                    .find(|r| r.binding_id == c.rc.binding_id)
+                    .expect("the binding's reference");
+                assert_eq!(reference.state, ReferenceState::Published);
+                reference.state = ReferenceState::PendingDelete;
+                api.replace_status(&c.env.id, &PostParams::default(), &o)
+                    .await
+                    .expect("edit");
+            }
+            NotServing::Retiring => {
+                assert_eq!(o.spec.desired, Desired::Active);
+                o.spec.desired = Desired::Retiring;
+                api.replace(&c.env.id, &PostParams::default(), &o)
+                    .await
+                    .expect("edit");
+            }
+        }
+        let before = world.get(&c.env.id).await;
+        let validate = store.validate_run_claim(&c.caller, &c.rc).await;
+        assert_eq!(
+            validate.err().expect("validation refuses").code(),
+            ErrorCode::NotReady,
+            "{difference:?}"
+        );
+        let execute = store.execute(&c.caller, &c.rc, stat("a")).await;
+        assert_eq!(
+            execute.expect_err("dispatch refuses").code(),
+            dispatch_code,
+            "{difference:?}"
+        );
+        assert_eq!(world.executor.call_count(), 0, "nothing was dispatched");
+        let after = world.get(&c.env.id).await;
+        assert_eq!(after.status, before.status, "nothing was written");
+    }
 }
