@@ -23,6 +23,18 @@ JOBS="${E2E_GO_JOBS:-1}"
 export CGO_ENABLED=0 GOFLAGS="-mod=mod -p=$JOBS -buildvcs=false"
 GO="nice -n 19 go"
 
+# A module fetch from the Go module proxy (go get, go mod download) that fails is tried again,
+# three times in all, 10 s apart: a fresh machine's first build fetches thousands of modules,
+# and one TLS handshake timing out once failed a whole CI run.
+fetch() {
+  local try
+  for try in 1 2 3; do
+    "$@" && return 0
+    [[ $try -lt 3 ]] && echo "build-bins: '$*' failed (try $try of 3); trying again in 10 s" >&2 && sleep 10
+  done
+  return 1
+}
+
 log_time() { # component seconds
   echo "$(date -u +%FT%TZ) $1 built in ${2}s" | tee -a "$E2E_CACHE/build-times.log" >&2
 }
@@ -45,14 +57,14 @@ build_kube() {
   # k8s.io/kubernetes requires its staging modules at the fake v0.0.0 and replaces them with
   # ./staging paths, which only apply in its own build: pin each one to its published v0.X.Y tag.
   local gomod staging
-  gomod=$($GO mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's|.*"GoMod": "\(.*\)".*|\1|p')
+  gomod=$(fetch $GO mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's|.*"GoMod": "\(.*\)".*|\1|p')
   staging="v0.${K8S_VERSION#1.}"
   for m in $(sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*|\1|p' "$gomod"); do
     $GO mod edit -replace="$m=$m@$staging"
   done
   local pkgs=() p
   for p in "${bins[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$p"); done
-  $GO get $(for p in "${pkgs[@]}"; do echo "$p@v$K8S_VERSION"; done)
+  fetch $GO get $(for p in "${pkgs[@]}"; do echo "$p@v$K8S_VERSION"; done)
   # Version stamping: without it /version reports v0.0.0-master, which helm and kubectl reject.
   local minor ldf="-s -w" v
   minor=$(cut -d. -f2 <<<"$K8S_VERSION")
@@ -74,7 +86,7 @@ build_etcd() {
   local start=$SECONDS w="$E2E_CACHE/src/etcd-v$ETCD_VERSION"
   rm -rf "$w" && mkdir -p "$w" && cd "$w"
   $GO mod init e2e.local/etcdbin >/dev/null 2>&1
-  $GO get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+  fetch $GO get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
   mkdir -p "$ETCD_DIR.tmp"
   $GO build -trimpath -ldflags "-s -w" -o "$ETCD_DIR.tmp/etcd" go.etcd.io/etcd/server/v3
   rm -rf "$ETCD_DIR" && mv "$ETCD_DIR.tmp" "$ETCD_DIR"
@@ -84,7 +96,7 @@ build_etcd() {
 build_kwok() {
   complete "$KWOK_DIR" kwok && [[ -d "$KWOK_DIR/stage" && -d "$KWOK_DIR/crd" ]] && return 0
   local start=$SECONDS w="$E2E_CACHE/src/kwok-v$KWOK_VERSION" src
-  src="$($GO mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" | sed -n 's|.*"Dir": "\(.*\)".*|\1|p')"
+  src="$(fetch $GO mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" | sed -n 's|.*"Dir": "\(.*\)".*|\1|p')"
   rm -rf "$w" && cp -r "$src" "$w" && chmod -R u+w "$w"
   # kwok's local exec copies the exec stream's stdin into the process through a pipe that it
   # never closes, so the process never sees end-of-input. The helper reads a file request until
@@ -108,7 +120,7 @@ build_helm() {
   local start=$SECONDS w="$E2E_CACHE/src/helm-v$HELM_VERSION"
   rm -rf "$w" && mkdir -p "$w" && cd "$w"
   $GO mod init e2e.local/helmbin >/dev/null 2>&1
-  $GO get "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
+  fetch $GO get "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
   mkdir -p "$HELM_DIR.tmp"
   $GO build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
     -o "$HELM_DIR.tmp/helm" helm.sh/helm/v3/cmd/helm
