@@ -1,7 +1,9 @@
 //! Escape attempts that need file-system setup beyond the conformance fixture: symlinks swapped
 //! by a concurrent writer, hard links, FIFOs and devices, very long paths and names that are
 //! not UTF-8. Each runs the real `execution-helper` through `LocalTransport` and checks both the
-//! answer and that nothing outside the workspace was read or touched.
+//! answer and that nothing outside the workspace was read or touched. Also replays the
+//! committed fuzz regressions of the helper's request decoding and path resolution
+//! (`fuzz/regressions/`, docs/testing.md).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt as _;
@@ -276,4 +278,25 @@ fn a_request_whose_path_is_not_utf8_is_invalid_argument() {
         execution_provider::executor::transport::decode_envelope(&output.stdout).unwrap();
     let error = envelope.error.expect("refused");
     assert_eq!(error.code, ErrorCode::InvalidArgument);
+}
+
+#[path = "../fuzz/checks/replay.rs"]
+mod fuzz_replay;
+#[path = "../fuzz/checks/helper_path_resolve.rs"]
+mod helper_path_resolve;
+#[path = "../fuzz/checks/helper_request_decode.rs"]
+mod helper_request_decode;
+
+/// Every input in `fuzz/regressions/helper_request_decode/` passes the fuzz target's own check.
+#[test]
+fn the_helper_request_decode_fuzz_regressions_pass_the_fuzz_check() {
+    fuzz_replay::replay("helper_request_decode", helper_request_decode::check);
+}
+
+/// Every input in `fuzz/regressions/helper_path_resolve/` passes the fuzz target's own check.
+#[test]
+fn the_helper_path_resolve_fuzz_regressions_pass_the_fuzz_check() {
+    fuzz_replay::replay("helper_path_resolve", helper_path_resolve::check);
+    std::fs::remove_dir_all(helper_path_resolve::workspace_base())
+        .expect("the workspace is removed");
 }

@@ -1,7 +1,8 @@
 //! Signed grants over real mTLS (DECISIONS 4; api-security §4.4 step 5, §5, §9.37): minted on
 //! AcquireRun/RenewRun, required beside the durable run claim on every data-plane call,
 //! bound exactly to the claim, expiring by the injected clock, and rotated or revoked through
-//! the manifest's keyring with the connection held open.
+//! the manifest's keyring with the connection held open. Also replays the committed fuzz
+//! regressions of grant decoding and manifest parsing (`fuzz/regressions/`, docs/testing.md).
 
 mod common;
 mod security;
@@ -356,4 +357,23 @@ async fn an_acquire_retried_after_an_outage_converges_to_the_same_claim() {
         .await
         .unwrap();
     dev.stop().await.unwrap();
+}
+
+#[path = "../fuzz/checks/replay.rs"]
+mod fuzz_replay;
+#[path = "../fuzz/checks/grant_decode.rs"]
+mod grant_decode;
+#[path = "../fuzz/checks/manifest_parse.rs"]
+mod manifest_parse;
+
+/// Every input in `fuzz/regressions/grant_decode/` passes the fuzz target's own check.
+#[test]
+fn the_grant_decode_fuzz_regressions_pass_the_fuzz_check() {
+    fuzz_replay::replay("grant_decode", grant_decode::check);
+}
+
+/// Every input in `fuzz/regressions/manifest_parse/` passes the fuzz target's own check.
+#[test]
+fn the_manifest_parse_fuzz_regressions_pass_the_fuzz_check() {
+    fuzz_replay::replay("manifest_parse", manifest_parse::check);
 }

@@ -1,13 +1,7 @@
-//! Fuzzes strict security-manifest decoding and the authority digest: no input may panic,
-//! and every accepted manifest has a digest.
+//! The `manifest_parse` fuzz target: runs `fuzz/checks/manifest_parse.rs` on every input.
 #![no_main]
 
-use execution_provider::security::SecurityManifest;
-use execution_provider::security::digest::authority_digest;
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/manifest_parse.rs"]
+mod check;
 
-fuzz_target!(|data: &[u8]| {
-    if let Ok(manifest) = SecurityManifest::parse(data) {
-        assert_eq!(authority_digest(&manifest).len(), 64);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::check(data));
