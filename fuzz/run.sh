@@ -120,8 +120,10 @@ fuzz_target() {
     echo "error: fuzz target $target has no committed input (fuzz/corpus/$target/ is empty)"
     return 1
   fi
-  local corpus_bytes
-  corpus_bytes="$(bytes_in "fuzz/corpus/$target")"
+  local corpus_bytes=0
+  if [[ -d "fuzz/corpus/$target" ]]; then
+    corpus_bytes="$(bytes_in "fuzz/corpus/$target")"
+  fi
   if [[ $corpus_bytes -gt $CORPUS_MAX_BYTES ]]; then
     echo "error: fuzz/corpus/$target holds $corpus_bytes bytes, more than $CORPUS_MAX_BYTES"
     return 1
