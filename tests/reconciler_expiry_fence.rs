@@ -5,7 +5,8 @@
 //! recovery of the recovery issue (item 2): the exact Pod deleted with its UID precondition and
 //! never forced, its kubelet-confirmed end recorded as the proof that clears the fence, a new
 //! executor on the same PVC at epoch + 1; a manual template, a vanished Pod and a Pod stuck
-//! terminating stay fenced with a condition that says why.
+//! terminating stay fenced with a condition that says why; an executor Pod deleted by someone
+//! else is fenced once its kubelet reports its end, and recovered the same way.
 
 mod reconciler_support;
 
@@ -581,6 +582,56 @@ async fn recover_automatically(world: &World, reconciler: &Reconciler) {
         reconciler.reconcile(ENV).await.unwrap();
     }
     panic!("the recovery did not finish");
+}
+
+#[tokio::test]
+async fn an_executor_pod_deleted_by_someone_else_is_fenced_once_its_end_is_reported_and_recovered()
+{
+    // An eviction, a node drain or `kubectl delete pod`: the finalizer holds the Pod.
+    let world = World::new().await;
+    let (_store, reconciler) = provisioned(&world).await;
+    let before = world.env().await.status.unwrap();
+    let (old_pod, pvc, epoch) = (
+        before.pod.unwrap().uid,
+        before.pvc.unwrap().uid,
+        before.epoch.unwrap(),
+    );
+    world
+        .pods()
+        .delete(
+            &execution_provider::kube::crd::pod_name(ENV),
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+    // Still running: unavailable, not fenced (k8s-executor §2.7).
+    let error = reconciler.reconcile(ENV).await.unwrap_err();
+    assert!(error.to_string().contains("pod is terminating"), "{error}");
+    let status = world.env().await.status.unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+    // Its kubelet reports every container terminated: it exited (DECISIONS 15), fenced ...
+    world.mark_pod_terminated("Failed").await;
+    reconciler.reconcile(ENV).await.unwrap();
+    let env = world.env().await;
+    assert_eq!(
+        env.status.as_ref().unwrap().fence_state,
+        Some(FenceState::FenceUnknown)
+    );
+    assert_eq!(
+        ready(&env),
+        Some((ConditionStatus::False, "FenceUnknown".to_owned()))
+    );
+    // ... and recovered without anyone: the same Pod's end is the proof, a new executor
+    // serves the same workspace at the next epoch.
+    recover_automatically(&world, &reconciler).await;
+    let env = world.env().await;
+    let status = env.status.clone().unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy));
+    assert_eq!(status.termination_proof.unwrap().pod_uid, old_pod);
+    assert_eq!(status.epoch, Some(epoch + 1));
+    assert_eq!(status.pvc.unwrap().uid, pvc);
+    assert_ne!(status.pod.unwrap().uid, old_pod);
+    assert_eq!(ready(&env).unwrap().0, ConditionStatus::True);
 }
 
 #[tokio::test]

@@ -69,6 +69,9 @@ pub async fn ensure_pod(
             Err(e) => return Err(ReconcileError::kube(&name, "create Pod")(e)),
         },
     };
+    if deleted_and_exited(env, &pod) {
+        return Ok(pod);
+    }
     let shape = validate_pod(env, spec, account, &pod)
         .map_err(|what| ReconcileError::mismatch(&name, what))?;
     match shape {
@@ -76,6 +79,24 @@ pub async fn ensure_pod(
         // Boxed: the reconcile future stays small enough for a 2 MiB stack in debug builds.
         PodShape::Previous => Box::pin(move_to_current_shape(&api, env, spec, account, pod)).await,
     }
+}
+
+/// Whether `pod` is the recorded executor, deleted by someone other than the provider's
+/// lifecycle (an eviction, a node drain, `kubectl delete pod`) and reported terminal by its
+/// kubelet while the finalizer still holds it. It exited: the caller fences the environment
+/// (DECISIONS 15) and the automatic recovery proves that end and starts a new executor. A
+/// deleted Pod whose containers still run stays unavailable ("pod is terminating").
+fn deleted_and_exited(env: &ExecutionEnvironment, pod: &Pod) -> bool {
+    let recorded = env
+        .status
+        .as_ref()
+        .and_then(|s| s.pod.as_ref())
+        .map(|p| p.uid.as_str())
+        .filter(|uid| !uid.is_empty());
+    pod.metadata.deletion_timestamp.is_some()
+        && recorded.is_some()
+        && pod.metadata.uid.as_deref() == recorded
+        && pod_terminal(pod)
 }
 
 /// Moves an adopted previous-shape executor's metadata to the current shape, by
