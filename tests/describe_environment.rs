@@ -3,19 +3,25 @@
 //! Pod and PVC identities, the operation and the run claim (never the claim id or the grant);
 //! everyone else sees exactly what an absent environment looks like; the call writes nothing;
 //! `client admin retire` fills the exact identity from the description and does nothing
-//! unless confirmed.
+//! unless confirmed; the manual recovery path of docs/operating.md §7.1 (describe, delete the
+//! Pod, `admin recover` and `admin replace` with `--yes`) moves a fenced environment on.
 
 mod common;
 mod security;
 
 use std::path::Path;
 use std::process::Output;
+use std::time;
 
 use common::*;
 use execution_provider::api::pb;
-use execution_provider::kube::crd::ExecutionEnvironment;
+use execution_provider::kube::crd::{
+    ActiveOperation, ExecutionEnvironment, FenceState, RfcTime, pod_name,
+};
 use execution_provider::server::status::error_detail;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
+use kube::api::PostParams;
 use prost::Message;
 use security::*;
 use tonic::Code;
@@ -460,4 +466,220 @@ async fn client_status_summarises_the_owners_environments_one_line_each() {
     let json = stdout_json(&cli(dev.addr, dir, &["--json", "status", "--binding", "first"]).await);
     assert_eq!(json["phases"]["Ready"], 1);
     assert_eq!(json["environments"][0]["bindingId"], "first");
+}
+
+/// Runs `execution-provider client` for the suite's owner (alice) rather than the CLI's
+/// default end user.
+async fn cli_for_owner(addr: std::net::SocketAddr, dir: &Path, args: &[&str]) -> Output {
+    let who = owner();
+    let flags = [
+        "--owner-issuer",
+        who.issuer.as_str(),
+        "--owner-subject",
+        who.subject.as_str(),
+    ];
+    cli(addr, dir, &[&flags[..], args].concat()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manual_path_of_the_operators_guide_moves_a_fenced_environment_on() {
+    // docs/operating.md §7.1, "The manual path", walked against `dev` on a template that
+    // sets `recovery: manual` (so the reconciler does not recover it first).
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    init_state_dir_with_manual_recovery(dir);
+    let dev = start_dev(dir).await;
+    let mut client = connect(dev.addr, dir, Some(&dev_identity(dir))).await;
+    let env = ensure_ready(&mut client, "manual")
+        .await
+        .environment
+        .unwrap();
+    let claim = acquire(&mut client, "manual", &env).await;
+    let ctx = context("manual", &claim);
+    let write = pb::FileRequest {
+        context: Some(ctx.clone()),
+        operation: pb::FileOperation::Create as i32,
+        path: "kept.txt".into(),
+        data: b"kept".to_vec(),
+        ..pb::FileRequest::default()
+    };
+    client.files(write).await.expect("a file is written");
+
+    // The holder of an operation vanished mid-call: its lease ran out, and the supervisor
+    // never heard of the call. The reconciler asks, fences, and says why it stays fenced.
+    let api = Api::<ExecutionEnvironment>::namespaced(dev.kube.clone(), "execution");
+    let mut live = api.get(&env.id).await.unwrap();
+    let gone = time::Duration::from_secs(60);
+    let long_ago = RfcTime::from_system_time(time::SystemTime::UNIX_EPOCH + gone);
+    live.status.as_mut().unwrap().active_operation = Some(ActiveOperation {
+        id: "op-lost".into(),
+        operation: "command.start".into(),
+        started_at: long_ago,
+        claim_id: claim.claim_id.clone(),
+        run_id: claim.run_id.clone(),
+        epoch: claim.epoch,
+        holder_id: "replica-killed".into(),
+        renewed_at: long_ago,
+        expires_at: long_ago,
+    });
+    api.replace_status(&env.id, &PostParams::default(), &live)
+        .await
+        .unwrap();
+    eventually(
+        time::Duration::from_secs(30),
+        "the ManualRecovery condition",
+        || {
+            let api = api.clone();
+            let id = env.id.clone();
+            async move {
+                let status = api.get(&id).await.ok()?.status?;
+                let says = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Recovering" && c.reason == "ManualRecovery");
+                (status.fence_state == Some(FenceState::FenceUnknown) && says).then_some(())
+            }
+        },
+    )
+    .await;
+
+    // Read the identities first.
+    let exact = ["--env", &env.id, "--env-revision", &env.revision];
+    let described = stdout_json(
+        &cli_for_owner(
+            dev.addr,
+            dir,
+            &[&["--json", "describe"][..], &exact].concat(),
+        )
+        .await,
+    );
+    assert_eq!(described["phase"], "Fenced", "{described}");
+    assert_eq!(described["fenceState"], "FenceUnknown", "{described}");
+    assert_eq!(
+        described["operations"][0]["operationId"], "op-lost",
+        "{described}"
+    );
+    let pod_uid = described["pod"]["uid"].as_str().unwrap().to_owned();
+    let epoch = described["epoch"].as_u64().unwrap();
+    assert_eq!(epoch, claim.epoch, "{described}");
+
+    // Nothing is proven while the Pod runs.
+    let recover = [
+        &["admin", "recover"][..],
+        &exact,
+        &["--yes", "--op", "recover-1"],
+    ]
+    .concat();
+    let early = cli_for_owner(dev.addr, dir, &recover).await;
+    assert!(!early.status.success(), "recovered while the Pod runs");
+    assert!(
+        String::from_utf8_lossy(&early.stderr).contains("fence_unknown"),
+        "{}",
+        String::from_utf8_lossy(&early.stderr)
+    );
+
+    // 1. The Pod is deleted, never forced (dev's kubeconfig is read-only: the test deletes it
+    //    through the embedded API server, as `kubectl delete pod` does on a cluster).
+    let pods = Api::<Pod>::namespaced(dev.kube.clone(), "execution");
+    let pod = pod_name(&env.id);
+    pods.delete(&pod, &Default::default()).await.unwrap();
+    // 2. Once every container is reported terminated: recover, then replace.
+    eventually(
+        time::Duration::from_secs(30),
+        "every container terminated",
+        || {
+            let (pods, pod) = (pods.clone(), pod.clone());
+            async move {
+                let p = pods.get(&pod).await.ok()?;
+                execution_provider::reconciler::pod::pod_terminal(&p).then_some(())
+            }
+        },
+    )
+    .await;
+    let recovered = cli_for_owner(dev.addr, dir, &recover).await;
+    let said = String::from_utf8_lossy(&recovered.stderr).into_owned();
+    assert!(recovered.status.success(), "{said}");
+    for shown in [epoch.to_string().as_str(), pod_uid.as_str()] {
+        assert!(
+            said.contains(shown),
+            "the filled values are printed: {said}"
+        );
+    }
+    let replace = [
+        &["admin", "replace"][..],
+        &exact,
+        &["--yes", "--op", "replace-1"],
+    ]
+    .concat();
+    let replaced = cli_for_owner(dev.addr, dir, &replace).await;
+    assert!(
+        replaced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replaced.stderr)
+    );
+
+    let serving = eventually(
+        time::Duration::from_secs(60),
+        "the replacement to serve",
+        || {
+            let (mut client, request) = (client.clone(), by_env(&env, owner()));
+            async move {
+                let d = client
+                    .describe_environment(request)
+                    .await
+                    .ok()?
+                    .into_inner();
+                (d.phase == "Ready" && d.fence_state == "Healthy").then_some(d)
+            }
+        },
+    )
+    .await;
+    assert_eq!(serving.epoch, epoch + 1, "a new executor: {serving:?}");
+    assert_ne!(serving.pod.as_ref().unwrap().uid, pod_uid);
+    let status = stored(&dev, &env.id).await.status.unwrap();
+    assert_eq!(status.termination_proof.unwrap().pod_uid, pod_uid);
+    assert!(
+        status.recovered_operation.is_none(),
+        "no outcome is invented"
+    );
+
+    // The old claim ended with the recovery; a new one finds the workspace as it was.
+    let stale = client
+        .files(pb::FileRequest {
+            context: Some(ctx),
+            operation: pb::FileOperation::Read as i32,
+            path: "kept.txt".into(),
+            ..pb::FileRequest::default()
+        })
+        .await
+        .expect_err("the old claim ended");
+    assert_eq!(stale.code(), Code::Aborted, "{stale:?}");
+    let fresh = client
+        .acquire_run(pb::AcquireRunRequest {
+            environment: Some(env.clone()),
+            owner: Some(owner()),
+            binding_id: "manual".into(),
+            run_id: "run-2".into(),
+            operation_id: "acquire-2".into(),
+            ttl_millis: 60_000,
+        })
+        .await
+        .expect("a new claim")
+        .into_inner();
+    assert_eq!(
+        fresh.epoch,
+        serving.epoch + 1,
+        "a claim takes the next epoch"
+    );
+    let kept = client
+        .files(pb::FileRequest {
+            context: Some(context("manual", &fresh)),
+            operation: pb::FileOperation::Read as i32,
+            path: "kept.txt".into(),
+            ..pb::FileRequest::default()
+        })
+        .await
+        .expect("the new executor serves the workspace")
+        .into_inner();
+    assert_eq!(kept.data, b"kept");
 }
