@@ -18,10 +18,10 @@ use crate::kwok_exec::{kwok_serves_exec, workspace_dir};
 use crate::provider::Client;
 
 /// A loop printing `line N` about every 100 ms, its shell's pid in `server.pid` first.
-const SERVER_LOOP: &str =
+pub const SERVER_LOOP: &str =
     "echo $$ > server.pid; i=0; while :; do echo \"line $i\"; i=$((i+1)); sleep 0.1; done";
 
-fn query(ctx: &pb::RequestContext, id: &str, offset: i64) -> pb::CommandQueryRequest {
+pub fn query(ctx: &pb::RequestContext, id: &str, offset: i64) -> pb::CommandQueryRequest {
     pb::CommandQueryRequest {
         context: Some(ctx.clone()),
         command_id: id.into(),
@@ -31,7 +31,7 @@ fn query(ctx: &pb::RequestContext, id: &str, offset: i64) -> pb::CommandQueryReq
 }
 
 /// Polls `CommandStatus` from offset 0 until the output holds `line {last}`.
-async fn status_through(
+pub async fn status_through(
     client: &Client,
     ctx: &pb::RequestContext,
     id: &str,
@@ -57,7 +57,7 @@ async fn status_through(
 }
 
 /// Asserts that `text` is `line first`, `line first+1`, … (whole lines); returns how many.
-fn assert_consecutive_lines(text: &str, first: usize) -> usize {
+pub fn assert_consecutive_lines(text: &str, first: usize) -> usize {
     let lines: Vec<&str> = text.lines().collect();
     for (i, line) in lines.iter().enumerate() {
         assert_eq!(

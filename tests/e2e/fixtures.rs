@@ -1,8 +1,8 @@
 //! What the provider is configured with in the suite: a development PKI and security manifest
-//! (made by the same code as `dev`'s state directory) and a template catalogue whose one
-//! template, `default`, uses the cluster's storage class (kwok's `kwok-volume` here, kind's
-//! `standard` there) and a RuntimeClass the suite creates, with the canonical revision id
-//! computed by the crate.
+//! (made by the same code as `dev`'s state directory) and a template catalogue whose
+//! templates, `default` and `manual` (the same with `recovery: manual`), use the cluster's
+//! storage class (kwok's `kwok-volume` here, kind's `standard` there) and a RuntimeClass the
+//! suite creates, with the canonical revision ids computed by the crate.
 
 use std::path::{Path, PathBuf};
 
@@ -42,19 +42,39 @@ pub fn execution_yaml() -> String {
     )
 }
 
-/// The suite's template catalogue, with the revision key the crate computes.
-pub fn templates_yaml() -> String {
-    let execution = execution_yaml();
-    let spec: ProfileSpec = serde_saphyr::from_str(&execution).expect("the e2e execution block");
+/// The template whose revision sets `recovery: manual`: a fenced environment of it stays
+/// fenced until an administrator walks the manual path (docs/operating.md §7.1).
+pub const MANUAL_TEMPLATE: &str = "manual";
+
+/// One template of the catalogue: `id` with one revision of `execution`, keyed as the crate
+/// computes it.
+fn template_yaml(id: &str, description: &str, execution: &str) -> String {
+    let spec: ProfileSpec = serde_saphyr::from_str(execution).expect("the e2e execution block");
     let revision = canonical_template_revision(&spec.validate().expect("a valid execution block"));
     let indented: String = execution
         .lines()
         .map(|line| format!("          {line}\n"))
         .collect();
     format!(
-        "templates:\n  default:\n    default: {revision}\n    revisions:\n      {revision}:\n        \
-         display:\n          name: End-to-end sandbox\n          description: The e2e suite's template.\n        \
+        "  {id}:\n    default: {revision}\n    revisions:\n      {revision}:\n        \
+         display:\n          name: End-to-end sandbox\n          description: {description}\n        \
          execution:\n{indented}"
+    )
+}
+
+/// The suite's template catalogue, with the revision keys the crate computes: `default`
+/// (automatic recovery, the default) and [`MANUAL_TEMPLATE`].
+pub fn templates_yaml() -> String {
+    let execution = execution_yaml();
+    let manual = format!("{execution}recovery: manual\n");
+    format!(
+        "templates:\n{}{}",
+        template_yaml("default", "The e2e suite's template.", &execution),
+        template_yaml(
+            MANUAL_TEMPLATE,
+            "The e2e suite's template with manual recovery.",
+            &manual
+        ),
     )
 }
 
@@ -102,4 +122,14 @@ pub fn the_suite_template_catalogue_loads_with_the_revision_the_crate_computes()
     let default = registry.default_template("default").unwrap();
     assert_eq!(default.execution().runtime_class_name(), RUNTIME_CLASS);
     assert!(default.revision().starts_with("v1-"));
+    assert_eq!(
+        default.execution().recovery(),
+        execution_provider::templates::RecoveryMode::Automatic
+    );
+    let manual = registry.default_template(MANUAL_TEMPLATE).unwrap();
+    assert_eq!(
+        manual.execution().recovery(),
+        execution_provider::templates::RecoveryMode::Manual
+    );
+    assert_ne!(manual.revision(), default.revision());
 }

@@ -28,6 +28,8 @@ mod kwok_exec;
 mod lifecycle;
 mod pod_exec;
 mod provider;
+mod recovery;
+mod rolling;
 mod upgrade_guard;
 
 use cluster::Cluster;
@@ -101,6 +103,18 @@ fn main() -> std::process::ExitCode {
         cluster_test(
             "pod_exec::the_pod_exec_transport_runs_the_helper_in_a_kwok_pod_through_the_api_server",
             pod_exec::the_pod_exec_transport_runs_the_helper_in_a_kwok_pod_through_the_api_server,
+        ),
+        cluster_test(
+            "recovery::a_serve_killed_mid_command_is_recovered_by_itself_and_a_manual_template_by_the_documented_path",
+            recovery::a_serve_killed_mid_command_is_recovered_by_itself_and_a_manual_template_by_the_documented_path,
+        ),
+        cluster_test(
+            "recovery::an_executor_pod_deleted_mid_command_is_recovered_by_itself_and_the_call_answers_fence_unknown",
+            recovery::an_executor_pod_deleted_mid_command_is_recovered_by_itself_and_the_call_answers_fence_unknown,
+        ),
+        cluster_test(
+            "rolling::a_rolling_upgrade_keeps_every_environment_serving_and_detached_commands_running",
+            rolling::a_rolling_upgrade_keeps_every_environment_serving_and_detached_commands_running,
         ),
         cluster_test(
             "upgrade_guard::the_upgrade_guard_sees_the_live_namespace",
