@@ -88,6 +88,7 @@ impl ProviderFiles {
     pub fn create(dir: &Path) -> Self {
         let state = StateDir::open_or_init(dir).expect("a fresh state directory");
         std::fs::write(state.templates_path(), templates_yaml()).unwrap();
+        allow_every_template(&state.manifest_path());
         let files = Self { state };
         let mut key = [0u8; 32];
         execution_provider::runtime::IdSource::fill(&execution_provider::runtime::OsIds, &mut key);
@@ -111,6 +112,19 @@ impl ProviderFiles {
     pub fn manifest(&self) -> PathBuf {
         self.state.manifest_path()
     }
+}
+
+/// The state directory's manifest offers its client the `default` template only; the suite's
+/// client may also use [`MANUAL_TEMPLATE`].
+fn allow_every_template(manifest: &Path) {
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
+    for client in json["clients"].as_array_mut().expect("clients") {
+        if let Some(templates) = client["executionTemplates"].as_array_mut() {
+            templates.push(MANUAL_TEMPLATE.into());
+        }
+    }
+    std::fs::write(manifest, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
 }
 
 pub fn the_suite_template_catalogue_loads_with_the_revision_the_crate_computes() {
