@@ -345,6 +345,12 @@ mod tests {
         assert!(matches("[^a-c].txt", "d.txt"));
         assert!(matches("[]x]", "]"));
         assert!(matches("[a-]", "-"));
+        // Only a leading `!` or `^` negates; anywhere else it is a literal.
+        assert!(matches("[a!]", "!"));
+        assert!(!matches("[a!]", "b"));
+        assert!(matches("[a^]", "^"));
+        assert!(!matches("[!!]", "!"));
+        assert!(matches("[!!]", "x"));
         assert!(matches("\\*", "*"));
         assert!(!matches("\\*", "x"));
     }
