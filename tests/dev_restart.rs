@@ -1,10 +1,12 @@
-//! Durability of `dev`: the process is killed (SIGKILL, no shutdown) right after two
-//! acknowledged writes, and both are there after a restart on the same state directory.
+//! Durability of `dev` across a stop: the process is killed (SIGKILL, no shutdown) right after
+//! two acknowledged writes, and both are there after a restart on the same state directory; a
+//! graceful stop lets the call in flight finish with its result (docs/operating.md §3).
 
 mod common;
 
 use std::path::Path;
 use std::process::Stdio;
+use std::time::Duration;
 
 use common::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -65,4 +67,65 @@ async fn acknowledged_writes_survive_a_kill_and_restart() {
     );
     let ready = ensure_ready(&mut client, "second").await;
     assert_eq!(ready.environment, two.environment);
+}
+
+/// A graceful stop (SIGTERM's path) with a foreground command in flight: the call answers with
+/// its result, the environment is not fenced, and the stop completes. The security authority
+/// must keep judging until the server has drained: stopped with the signal, it turns stale
+/// within a second and the call in flight is cut off as `fence_unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_lets_the_call_in_flight_finish() {
+    use execution_provider::api::pb;
+    use execution_provider::cli::dev::DEV_NAMESPACE;
+    use execution_provider::kube::crd::{ExecutionEnvironment, FenceState};
+    use kube::Api;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let dev = start_dev(&state).await;
+    let mut client = connect(dev.addr, &state, Some(&dev_identity(&state))).await;
+    let env = ensure_ready(&mut client, "drain")
+        .await
+        .environment
+        .unwrap();
+    let claim = acquire(&mut client, "drain", &env).await;
+    let call = tokio::spawn({
+        let mut client = client.clone();
+        let request = pb::CommandStartRequest {
+            context: Some(context("drain", &claim)),
+            command: "sleep 2; echo drained".into(),
+            timeout_millis: 20_000,
+            ..Default::default()
+        };
+        async move { client.start_command(request).await }
+    });
+    let envs: Api<ExecutionEnvironment> = Api::namespaced(dev.kube.clone(), DEV_NAMESPACE);
+    eventually(Duration::from_secs(20), "the call in flight", || async {
+        envs.get(&env.id).await.ok()?.status?.active_operation
+    })
+    .await;
+    let kube = dev.kube.clone();
+    dev.stop().await.expect("a graceful stop");
+    let result = call
+        .await
+        .unwrap()
+        .expect("the call in flight finishes")
+        .into_inner()
+        .result
+        .expect("a foreground result");
+    assert_eq!(
+        result.state,
+        pb::CommandState::Succeeded as i32,
+        "{result:?}"
+    );
+    assert_eq!(result.stdout, b"drained\n");
+    // Nothing was fenced: the in-process API server still answers after the stop.
+    let status = Api::<ExecutionEnvironment>::namespaced(kube, DEV_NAMESPACE)
+        .get(&env.id)
+        .await
+        .expect("the environment after the stop")
+        .status
+        .unwrap();
+    assert_eq!(status.fence_state, Some(FenceState::Healthy), "{status:?}");
+    assert!(status.active_operation.is_none(), "{status:?}");
 }

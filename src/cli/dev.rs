@@ -210,7 +210,10 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         runtime.clock.clone(),
     );
     tokio::spawn(agent.run(shutdown.clone().wait()));
-    tokio::spawn(security_manager.clone().run(shutdown.clone().wait()));
+    // The security authority outlives the shutdown signal: in-flight calls are judged by it
+    // until they drain (docs/operating.md §3), so it stops only once the server has stopped.
+    let (stop_security, security_stopped) = Shutdown::new();
+    tokio::spawn(security_manager.clone().run(security_stopped.wait()));
     let deps_kube = kube.clone();
     let deps = Dependencies {
         runtime,
@@ -242,7 +245,10 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         shutdown.clone().wait(),
     ));
     let task = tokio::spawn(async move {
-        provider::run_with::<TokioNet>(deps, settings, reconciler, listener, shutdown).await?;
+        let served =
+            provider::run_with::<TokioNet>(deps, settings, reconciler, listener, shutdown).await;
+        stop_security.trigger();
+        served?;
         Ok(())
     });
     Ok(DevProvider {

@@ -265,14 +265,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             shutdown.clone().wait(),
         ));
     }
-    tokio::spawn(security_manager.clone().run(shutdown.clone().wait()));
+    // The security authority outlives the shutdown signal: in-flight calls are judged by it
+    // until they drain (docs/operating.md §3), so it stops only once the server has stopped.
+    let (stop_security, security_stopped) = Shutdown::new();
+    tokio::spawn(security_manager.clone().run(security_stopped.wait()));
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutting down");
         trigger.trigger();
     });
     tracing::info!(listen = %args.listen, namespace = %args.namespace, "serving");
-    provider::run_with::<TokioNet>(deps, settings, reconciler, listener, shutdown).await?;
+    let served =
+        provider::run_with::<TokioNet>(deps, settings, reconciler, listener, shutdown).await;
+    stop_security.trigger();
+    served?;
     Ok(())
 }
 

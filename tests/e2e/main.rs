@@ -112,15 +112,10 @@ fn main() -> std::process::ExitCode {
             "recovery::an_executor_pod_deleted_mid_command_is_recovered_by_itself_and_the_call_answers_fence_unknown",
             recovery::an_executor_pod_deleted_mid_command_is_recovered_by_itself_and_the_call_answers_fence_unknown,
         ),
-        // Ignored, and failing when run: a SIGTERMed `serve` cuts its in-flight foreground
-        // call off instead of letting it finish, so the call answers fence_unknown and the
-        // environment is fenced and recovered at a new epoch (a known bug of serve's drain,
-        // docs/e2e.md). Run it with `cargo test --test e2e -- --include-ignored rolling`.
         cluster_test(
             "rolling::a_rolling_upgrade_keeps_every_environment_serving_and_detached_commands_running",
             rolling::a_rolling_upgrade_keeps_every_environment_serving_and_detached_commands_running,
-        )
-        .with_ignored_flag(true),
+        ),
         cluster_test(
             "upgrade_guard::the_upgrade_guard_sees_the_live_namespace",
             upgrade_guard::the_upgrade_guard_sees_the_live_namespace,
