@@ -392,6 +392,29 @@ mod tests {
     }
 
     #[test]
+    fn a_read_is_bounded_at_the_file_limit_by_the_bytes_it_reads() {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(temp.path()).unwrap();
+        std::fs::write(ws.root().join("edge"), vec![b'y'; MAX_FILE_BYTES]).unwrap();
+        let read_back = read(&ws, Path::new("edge")).unwrap();
+        assert_eq!(read_back.data.len(), MAX_FILE_BYTES);
+        // One byte over the limit (and under MAX_READABLE_FILE) is refused, not cut short.
+        std::fs::write(ws.root().join("over"), vec![b'x'; MAX_FILE_BYTES + 1]).unwrap();
+        let err = read(&ws, Path::new("over")).unwrap_err();
+        assert!(
+            matches!(err, HelperError::ResourceExhausted(FILE_TOO_LARGE)),
+            "{err:?}"
+        );
+        // A file whose size alone is beyond what may be read is refused before reading.
+        let huge = std::fs::File::create(ws.root().join("huge")).unwrap();
+        huge.set_len(MAX_READABLE_FILE + 1).unwrap();
+        assert!(matches!(
+            read(&ws, Path::new("huge")),
+            Err(HelperError::Internal(_))
+        ));
+    }
+
+    #[test]
     fn copy_is_bounded_like_a_write() {
         let temp = tempfile::tempdir().unwrap();
         let ws = Workspace::open(temp.path()).unwrap();
