@@ -220,8 +220,12 @@ fn the_values_schema_refuses_bad_values(helm: &Path) {
     // field. Any other failure (a broken chart, a bad flag, a missing file) is not a refusal
     // of that value.
     const SCHEMA: &str = "values don't meet the specifications of the schema";
-    let cases: [(&[&str], &[&str]); 19] = [
+    let cases: [(&[&str], &[&str]); 20] = [
         (&["--set", "provider.replicas=1"], &[SCHEMA, "replicas"]),
+        (
+            &["--set", "provider.terminationGracePeriodSeconds=0"],
+            &[SCHEMA, "terminationGracePeriodSeconds"],
+        ),
         (
             &["--set", "provider.image=registry.example/provider:latest"],
             &[SCHEMA, "image"],
