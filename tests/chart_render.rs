@@ -220,7 +220,14 @@ fn the_values_schema_refuses_bad_values(helm: &Path) {
     // field. Any other failure (a broken chart, a bad flag, a missing file) is not a refusal
     // of that value.
     const SCHEMA: &str = "values don't meet the specifications of the schema";
-    let cases: [(&[&str], &[&str]); 20] = [
+    let cases: [(&[&str], &[&str]); 21] = [
+        (
+            &[
+                "--set",
+                "templates.default.revisions.v1-fc8098ef55abb210d60af3b2bf78c5f8a91062edfdf49995ac5896b0c60f2899.execution.network=open",
+            ],
+            &[SCHEMA, "network"],
+        ),
         (&["--set", "provider.replicas=1"], &[SCHEMA, "replicas"]),
         (
             &["--set", "provider.terminationGracePeriodSeconds=0"],

@@ -41,7 +41,17 @@ struct Environment {
 
 impl Environment {
     async fn start(isolated: bool) -> Environment {
+        Self::start_in(tempfile::tempdir().unwrap(), isolated).await
+    }
+
+    /// An environment of a template with `network: outbound`.
+    async fn start_outbound() -> Environment {
         let tmp = tempfile::tempdir().unwrap();
+        init_state_dir_with_outbound_network(tmp.path());
+        Self::start_in(tmp, true).await
+    }
+
+    async fn start_in(tmp: tempfile::TempDir, isolated: bool) -> Environment {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let args = DevArgs {
             state_dir: tmp.path().to_owned(),
@@ -327,6 +337,46 @@ async fn the_provider_ports_and_other_loopback_services_are_unreachable() {
         ["lo"],
         "{ran:?}"
     );
+    env.dev.stop().await.unwrap();
+}
+
+/// A `perl` one-liner connecting to `127.0.0.1:port`: prints `connected` or dies `refused`.
+fn connect_probe(port: u16) -> String {
+    format!(
+        "perl -MIO::Socket::INET -e 'IO::Socket::INET->new(PeerAddr => \"127.0.0.1:{port}\", Timeout => 5) or die \"refused: $!\\n\"; print \"connected\\n\"'"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_network_reaches_host_services_but_never_the_provider_nor_binds() {
+    let env = Environment::start_outbound().await;
+    let service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = service.local_addr().unwrap().port();
+    let ran = env.run(&connect_probe(port)).await;
+    assert!(
+        ran.succeeded() && ran.stdout.contains("connected"),
+        "{ran:?}"
+    );
+    service.set_nonblocking(true).unwrap();
+    service
+        .accept()
+        .expect("the workload reached the host service");
+    let provider_ports = [
+        env.dev.addr.port(),
+        env.dev.kubectl.addr.port(),
+        env.dev.health_addr.port(),
+    ];
+    for port in provider_ports {
+        let ran = env.run(&connect_probe(port)).await;
+        assert!(
+            !ran.succeeded() && !ran.stdout.contains("connected"),
+            "provider port {port}: {ran:?}"
+        );
+    }
+    let ran = env
+        .run("perl -MIO::Socket::INET -e 'IO::Socket::INET->new(LocalAddr => \"127.0.0.1:0\", Listen => 1) or die \"refused: $!\\n\"; print \"bound\\n\"'")
+        .await;
+    assert!(!ran.succeeded() && !ran.stdout.contains("bound"), "{ran:?}");
     env.dev.stop().await.unwrap();
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::dev_kubectl::{self, KubectlEndpoint};
 use super::state_dir::StateDir;
+use crate::cli::dev_network::TemplateNetworks;
 use crate::executor::dev_executor::{self, DevExecutor};
 use crate::executor::local::LocalTransport;
 use crate::health;
@@ -188,6 +189,7 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         isolated
     };
     let executor = Arc::new(executor);
+    let sandboxes = executor.clone();
     let listener = TokioNet
         .bind(args.listen)
         .await
@@ -235,6 +237,13 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         .await
         .with_context(|| format!("cannot listen on {} for health", args.health_listen))?;
     let health_addr = TokioNet::local_addr(&health_listener)?;
+    // A template with `network: outbound` gives its sandboxes the host's network, never these.
+    sandboxes.choose_networks_with(Arc::new(TemplateNetworks::new(
+        deps.kube.clone(),
+        DEV_NAMESPACE,
+        deps.templates.clone(),
+        vec![addr.port(), kubectl.addr.port(), health_addr.port()],
+    )));
     let endpoints = health::Endpoints {
         readiness: health::provider_readiness(reconciler.clone(), security.clone()),
         metrics,

@@ -8,6 +8,7 @@ pub mod connect;
 pub mod describe;
 pub mod dev;
 pub mod dev_kubectl;
+pub mod dev_network;
 pub mod examples;
 pub mod local_terminal;
 pub mod pki;

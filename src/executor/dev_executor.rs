@@ -15,6 +15,7 @@ use std::sync::Arc;
 use super::local::{Isolation, LocalTransport};
 use super::local_supervisor::{LocalSupervisorError, LocalSupervisors};
 use super::protocol::{ExecutorEnvelope, ExecutorRequest};
+use super::sandbox_networks::SandboxNetworks;
 use super::transport::{
     BoxFuture, CancelSignal, ExecutorTarget, ExecutorTransport, SupervisorSession,
     SupervisorTarget, TransportError,
@@ -54,6 +55,14 @@ impl DevExecutor {
                     supervisors: Some(supervisors),
                 }
             }
+        }
+    }
+
+    /// Lets `networks` choose the network of each environment's sandbox (sandboxed supervisors
+    /// only; unisolated processes share the provider's network anyway).
+    pub fn choose_networks_with(&self, networks: Arc<dyn SandboxNetworks>) {
+        if let Some(supervisors) = &self.supervisors {
+            supervisors.choose_networks_with(networks);
         }
     }
 

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt as _;
@@ -24,12 +24,13 @@ use tokio::process::{Child, Command};
 
 use super::local::{LocalTransport, SandboxPolicy};
 use super::protocol::MAX_JSON_BODY;
+use super::sandbox_networks::SandboxNetworks;
 use super::supervisor_client::{ClientError, SupervisorConnection, connect_unix};
 use super::supervisor_protocol::{
     FrameError, MAX_CALL_CHUNK, SupervisorReply, SupervisorRequest, derive_secret,
 };
 use super::transport::{CancelSignal, TransportError};
-use crate::sandbox::{self, SandboxSpec};
+use crate::sandbox::{self, Network, SandboxSpec};
 
 /// How long a freshly started supervisor may take to listen.
 pub const SUPERVISOR_START_DEADLINE: Duration = Duration::from_secs(10);
@@ -71,6 +72,7 @@ pub struct LocalSupervisors {
     sockets: PathBuf,
     key: Vec<u8>,
     sandbox: Option<SandboxPolicy>,
+    networks: OnceLock<Arc<dyn SandboxNetworks>>,
     started: Mutex<BTreeMap<String, Child>>,
 }
 
@@ -99,6 +101,7 @@ impl LocalSupervisors {
             sockets: sockets.into(),
             key: key.into(),
             sandbox: None,
+            networks: OnceLock::new(),
             started: Mutex::new(BTreeMap::new()),
         }
     }
@@ -120,6 +123,12 @@ impl LocalSupervisors {
             sandbox: Some(policy),
             ..supervisors
         }
+    }
+
+    /// Lets `networks` choose each sandbox's network (once; later calls change nothing).
+    /// Without, every sandbox gets its policy's network.
+    pub fn choose_networks_with(&self, networks: Arc<dyn SandboxNetworks>) {
+        let _ = self.networks.set(networks);
     }
 
     /// Whether supervisors run in sandboxes.
@@ -175,7 +184,8 @@ impl LocalSupervisors {
                 if spawned {
                     return Err(LocalSupervisorError::Exited);
                 }
-                self.start(environment, &socket)?;
+                let network = self.network_of(environment).await;
+                self.start(environment, &socket, network)?;
                 spawned = true;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -296,7 +306,20 @@ impl LocalSupervisors {
         }
     }
 
-    fn start(&self, environment: &str, socket: &Path) -> Result<(), LocalSupervisorError> {
+    /// The network of `environment`'s next sandbox, when a chooser was given.
+    async fn network_of(&self, environment: &str) -> Option<Network> {
+        match (&self.sandbox, self.networks.get()) {
+            (Some(_), Some(networks)) => Some(networks.network_of(environment).await),
+            _ => None,
+        }
+    }
+
+    fn start(
+        &self,
+        environment: &str,
+        socket: &Path,
+        network: Option<Network>,
+    ) -> Result<(), LocalSupervisorError> {
         let workspace = self.layout.workspace_of(environment)?;
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -324,7 +347,7 @@ impl LocalSupervisors {
             }
             Some(policy) => {
                 let spec = SandboxSpec {
-                    network: policy.network.clone(),
+                    network: network.unwrap_or_else(|| policy.network.clone()),
                     limits: policy.limits.clone(),
                     hidden: policy.hidden.clone(),
                     listen: Some(socket.to_owned()),

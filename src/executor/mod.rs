@@ -12,6 +12,7 @@ pub mod local_supervisor;
 pub mod pod_exec;
 pub mod pod_relay;
 pub mod protocol;
+pub mod sandbox_networks;
 pub mod supervisor_client;
 pub mod supervisor_protocol;
 pub mod transport;

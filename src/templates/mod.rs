@@ -65,7 +65,7 @@ pub use file::{RevisionDefinition, TemplateDefinition, TemplatesFile};
 pub use quantity::{Quantity, QuantityError};
 pub use registry::{ClusterResources, Template, TemplateRegistry, TemplateRevision};
 pub use revision::{canonical_json, canonical_template_revision, template_digest};
-pub use spec::{ExecutionSpec, ProfileSpec, RecoveryMode, SpecError};
+pub use spec::{ExecutionSpec, NetworkMode, ProfileSpec, RecoveryMode, SpecError};
 pub use toleration::{Toleration, TolerationEffect, TolerationOperator, TolerationSpec};
 
 /// Why a templates file was refused. Every variant names the file.

@@ -23,7 +23,8 @@
 //! - **empty is the same as absent**: `imagePullSecrets`, `nodeSelector` and `tolerations` are
 //!   omitted when they are absent *or* empty (`[]`, `{}`), so both spellings give one id;
 //! - `recovery` is the string `manual` when set so, and omitted at its default (`automatic`,
-//!   written or not), so every revision written before the setting existed keeps its id.
+//!   written or not), so every revision written before the setting existed keeps its id;
+//! - `network` likewise: the string `outbound` when set so, omitted at its default (`none`).
 //!
 //! Byte compatibility with the reference Go encoder is not a goal. The snapshot tests below pin
 //! the encoding; changing it changes every revision id, which fences every existing environment.
@@ -32,7 +33,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use super::jcs::to_canonical_json;
-use super::spec::{ExecutionSpec, RecoveryMode};
+use super::spec::{ExecutionSpec, NetworkMode, RecoveryMode};
 use super::toleration::Toleration;
 
 /// The prefix of every revision id of this encoding.
@@ -84,6 +85,9 @@ pub fn canonical_value(spec: &ExecutionSpec) -> Value {
     put("maxEnvironments", json!(spec.max_environments()));
     if spec.recovery() != RecoveryMode::default() {
         put("recovery", json!(spec.recovery().as_str()));
+    }
+    if spec.network() != NetworkMode::default() {
+        put("network", json!(spec.network().as_str()));
     }
     Value::Object(object)
 }
@@ -229,6 +233,19 @@ tolerations:
         assert_ne!(
             canonical_template_revision(&absent),
             canonical_template_revision(&configured)
+        );
+    }
+
+    #[test]
+    fn no_network_keeps_existing_revision_ids_and_outbound_changes_them() {
+        let absent = spec_from(BASE);
+        let none = spec_from(&format!("{BASE}network: none\n"));
+        let outbound = spec_from(&format!("{BASE}network: outbound\n"));
+        assert_eq!(canonical_json(&absent), canonical_json(&none));
+        assert!(canonical_json(&outbound).contains("\"network\":\"outbound\""));
+        assert_ne!(
+            canonical_template_revision(&absent),
+            canonical_template_revision(&outbound)
         );
     }
 

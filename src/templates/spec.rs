@@ -72,6 +72,32 @@ pub struct ProfileSpec {
     /// itself (`automatic`, the default) or only by an administrator (`manual`).
     #[serde(default)]
     pub recovery: Option<RecoveryMode>,
+    /// What the executor may reach on the network: nothing (`none`, the default) or outbound
+    /// connections (`outbound`: in `dev` the host's network without the provider's ports; on a
+    /// cluster what the chart's egress policy of the template renders).
+    #[serde(default)]
+    pub network: Option<NetworkMode>,
+}
+
+/// The network an executor of a revision gets (docs/sandbox.md, "Network").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NetworkMode {
+    /// No network at all (the default).
+    #[default]
+    None,
+    /// Outbound connections; never the provider's own ports.
+    Outbound,
+}
+
+impl NetworkMode {
+    /// The word written in templates files and in the canonical JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Outbound => "outbound",
+        }
+    }
 }
 
 /// How a fenced environment of a revision moves on (docs/operating.md, "Recovery").
@@ -142,6 +168,7 @@ pub struct ExecutionSpec {
     max_command_duration_millis: u64,
     max_environments: u32,
     recovery: RecoveryMode,
+    network: NetworkMode,
 }
 
 impl ProfileSpec {
@@ -212,6 +239,7 @@ impl ProfileSpec {
             max_environments: u32::try_from(max_environments)
                 .expect("maxEnvironments is bounded by 10000"),
             recovery: self.recovery.unwrap_or_default(),
+            network: self.network.unwrap_or_default(),
         })
     }
 }
@@ -419,5 +447,9 @@ impl ExecutionSpec {
     /// How a fenced environment of this revision is recovered.
     pub fn recovery(&self) -> RecoveryMode {
         self.recovery
+    }
+    /// What an executor of this revision may reach on the network.
+    pub fn network(&self) -> NetworkMode {
+        self.network
     }
 }

@@ -24,6 +24,9 @@ fn rules(rules: Rules) -> String {
 
 const OPEN: &str = "together these ranges allow every public";
 
+/// The test values' default revision set to `network: outbound`.
+const OUTBOUND_REVISION: &str = "templates.default.revisions.v1-fc8098ef55abb210d60af3b2bf78c5f8a91062edfdf49995ac5896b0c60f2899.execution.network=outbound";
+
 /// Egress rules: each a CIDR and its exceptions.
 type Rules<'a> = &'a [(&'a str, &'a [&'a str])];
 
@@ -246,12 +249,34 @@ pub fn the_render_checks_refuse_what_the_schema_cannot_express(helm: &Path) {
             ],
             "resourceGovernance.enabled must be true",
         ),
+        (
+            // The schema requires egress in every profile: only a missing profile is left.
+            vec![
+                "--skip-schema-validation".into(),
+                "--set".into(),
+                OUTBOUND_REVISION.into(),
+                "--set".into(),
+                "networkPolicy.workloadProfiles.default=null".into(),
+            ],
+            "templates.default: revision v1-fc8098ef55abb210d60af3b2bf78c5f8a91062edfdf49995ac5896b0c60f2899 asks for network: outbound, but networkPolicy.workloadProfiles.default has no egress",
+        ),
     ];
     for (extra, named) in cases {
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let refusal = render(helm, &extra).expect_err(&format!("{extra:?} is refused"));
         assert!(refusal.contains(named), "{extra:?}: {refusal}");
     }
+    // With its template's egress, an outbound revision renders.
+    render(
+        helm,
+        &[
+            "--set",
+            OUTBOUND_REVISION,
+            "--set-json",
+            &rules(&[("10.0.0.0/8", &[])]),
+        ],
+    )
+    .expect("an outbound revision with its egress renders");
     let many: Vec<String> = (0..33)
         .map(|i| format!("{{\"key\":\"k{i}\",\"path\":\"p{i}\"}}"))
         .collect();

@@ -257,6 +257,18 @@ pub async fn acquire(
 /// `recovery: manual` (the revision key recomputed): a fence a test sets by hand then stays
 /// until the test clears it, instead of being recovered automatically by the reconciler.
 pub fn init_state_dir_with_manual_recovery(state_dir: &Path) {
+    init_state_dir_with_default_setting(state_dir, "recovery", "manual");
+}
+
+/// Initialises `state_dir` as `dev` would, with its default template's revision set to
+/// `network: outbound` (the revision key recomputed).
+pub fn init_state_dir_with_outbound_network(state_dir: &Path) {
+    init_state_dir_with_default_setting(state_dir, "network", "outbound");
+}
+
+/// Initialises `state_dir` as `dev` would, with `setting: value` in its default template's
+/// execution block (the revision key recomputed).
+fn init_state_dir_with_default_setting(state_dir: &Path, setting: &str, value: &str) {
     use execution_provider::templates::revision::canonical_template_revision;
     use execution_provider::templates::spec::ProfileSpec;
     let dir = execution_provider::cli::state_dir::StateDir::open_or_init(state_dir).unwrap();
@@ -266,7 +278,7 @@ pub fn init_state_dir_with_manual_recovery(state_dir: &Path) {
     let template = &mut file["templates"]["default"];
     let old = template["default"].as_str().unwrap().to_owned();
     let mut revision = template["revisions"][&old].take();
-    revision["execution"]["recovery"] = "manual".into();
+    revision["execution"][setting] = value.into();
     let profile: ProfileSpec = serde_json::from_value(revision["execution"].clone()).unwrap();
     let new = canonical_template_revision(&profile.validate().unwrap());
     let revisions = template["revisions"].as_object_mut().unwrap();

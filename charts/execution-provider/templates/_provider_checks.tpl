@@ -62,6 +62,21 @@
 {{- end -}}
 {{- end -}}
 
+{{/* A revision with `network: outbound` needs the egress that gives it: its template's
+     networkPolicy.workloadProfiles entry (the executors' NetworkPolicy denies everything else). */}}
+{{- define "ep.checkOutboundTemplates" -}}
+{{- range $id, $template := .Values.templates -}}
+  {{- range $key, $revision := $template.revisions -}}
+    {{- if eq ($revision.execution.network | default "none") "outbound" -}}
+      {{- $profile := index $.Values.networkPolicy.workloadProfiles $id | default dict -}}
+      {{- if not $profile.egress -}}
+        {{- fail (printf "templates.%s: revision %s asks for network: outbound, but networkPolicy.workloadProfiles.%s has no egress" $id $key $id) -}}
+      {{- end -}}
+    {{- end -}}
+  {{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Traces go to a collector the provider's NetworkPolicy lets it reach, and only there. */}}
 {{- define "ep.checkOtlp" -}}
 {{- $p := .Values.provider -}}
