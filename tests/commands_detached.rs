@@ -1471,3 +1471,75 @@ async fn open_attach_sessions_hold_stream_slots_not_unary_ones() {
     }
     dev.stop().await.unwrap();
 }
+
+/// A detached start under a client operation id is done at most once per claim: retried (its
+/// answer lost, say) it answers the same command, even after that command ended, and writes no
+/// second lease; the same id with another request is refused `conflict` and runs nothing; a
+/// later claim's start under the same id is a new command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_replayed_under_its_operation_id_answers_its_command_and_starts_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev_unisolated(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "replay")
+        .await
+        .environment
+        .unwrap();
+    let api: Api<ExecutionEnvironment> = Api::namespaced(dev.kube.clone(), DEV_NAMESPACE);
+    let claim = acquire(&mut client, "replay", &env).await;
+    let ctx = context("replay", &claim);
+    let request = pb::CommandStartRequest {
+        operation_id: "start-1".into(),
+        ..detached(&ctx, "echo started >> log; exec sleep 600")
+    };
+    let first = start(&mut client, request.clone()).await;
+    let again = start(&mut client, request.clone()).await;
+    assert_eq!(
+        again, first,
+        "the replay answers the command the start began"
+    );
+    let leases = |o: ExecutionEnvironment| o.status.unwrap().commands.len();
+    assert_eq!(leases(api.get(&env.id).await.unwrap()), 1, "one lease");
+
+    let other = pb::CommandStartRequest {
+        command: "echo other >> log".into(),
+        ..request.clone()
+    };
+    let refused = client.start_command(other).await.unwrap_err();
+    assert_eq!(code_of(&refused), (Code::Aborted, "conflict".into()));
+    assert_eq!(leases(api.get(&env.id).await.unwrap()), 1);
+
+    let mut cancel = query(&ctx, &first, 0);
+    cancel.grace_millis = 200;
+    client.cancel_command(cancel).await.unwrap();
+    let replayed = client
+        .start_command(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replayed.command_id, first);
+    assert_eq!(replayed.state, pb::CommandState::Cancelled as i32);
+    let log = std::fs::read_to_string(tmp.path().join("workspaces").join(&env.id).join("log"));
+    assert_eq!(log.unwrap(), "started\n", "exactly one command ran");
+
+    release(&mut client, "replay", &env, &claim).await;
+    let next = client
+        .acquire_run(pb::AcquireRunRequest {
+            environment: Some(env.clone()),
+            owner: Some(owner()),
+            binding_id: "replay".into(),
+            run_id: "run-2".into(),
+            operation_id: "acquire-2".into(),
+            ttl_millis: 60_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let later = pb::CommandStartRequest {
+        operation_id: "start-1".into(),
+        ..detached(&context("replay", &next), "true")
+    };
+    let fresh = start(&mut client, later).await;
+    assert_ne!(fresh, first, "another claim's start is another command");
+    dev.stop().await.unwrap();
+}

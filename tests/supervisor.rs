@@ -10,8 +10,9 @@ use std::time::Duration;
 use execution_provider::executor::protocol::{CommandState, ErrorCode};
 use execution_provider::executor::supervisor_client::ClientError;
 use execution_provider::executor::supervisor_protocol::{
-    Binding, CommandSignal, Direction, Hello, MAX_FRAME, MAX_RUNNING_COMMANDS, SupervisorReply,
-    SupervisorRequest, TAG_LEN, command_receipt, derive_secret, read_frame, write_frame,
+    Binding, CommandSignal, Direction, Hello, MAX_FRAME, MAX_RUNNING_COMMANDS, StartRequest,
+    SupervisorReply, SupervisorRequest, TAG_LEN, command_receipt, derive_secret, read_frame,
+    write_frame,
 };
 use supervisor_support::*;
 
@@ -732,4 +733,42 @@ async fn a_call_under_an_operation_id_is_journaled_running_then_with_its_receipt
         })
         .await;
     assert_eq!(reply, SupervisorReply::Journal { entry: None });
+}
+
+/// A start of a known id answers that command only when it asks for the same thing (its
+/// request digest); a replay-only start never admits an unknown id.
+#[tokio::test]
+async fn a_known_id_answers_its_command_only_to_the_same_request_and_a_replay_never_starts_one() {
+    let s = Supervised::enrolled().await;
+    let c = claim("a");
+    let first = StartRequest {
+        request_digest: "d1".into(),
+        ..start_request("op-r", &c, "exec sleep 600")
+    };
+    let started = s.start_with(first.clone()).await;
+    assert_eq!(started.state, CommandState::Running);
+    let SupervisorReply::Status(again) = s.call(SupervisorRequest::Start(first.clone())).await
+    else {
+        panic!("the same start is answered with its command")
+    };
+    assert_eq!(again.command_id, "op-r");
+    let other = StartRequest {
+        request_digest: "d2".into(),
+        ..first.clone()
+    };
+    let error = error_of(s.call(SupervisorRequest::Start(other.clone())).await);
+    assert_eq!(error.code, ErrorCode::Conflict);
+    let replay = StartRequest {
+        replay_only: true,
+        ..other
+    };
+    let error = error_of(s.call(SupervisorRequest::Start(replay)).await);
+    assert_eq!(error.code, ErrorCode::Conflict);
+    let unknown = StartRequest {
+        replay_only: true,
+        ..start_request("op-never", &c, "echo ran > ran")
+    };
+    assert_absent(s.call(SupervisorRequest::Start(unknown)).await);
+    assert_absent(s.status("op-never", &c, 0).await);
+    s.cancel("op-r", &c, 100).await;
 }

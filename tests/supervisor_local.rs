@@ -29,6 +29,8 @@ fn start(id: &str, command: &str) -> SupervisorRequest {
         stdin: false,
         pty: None,
         window_bytes: 0,
+        request_digest: String::new(),
+        replay_only: false,
     })
 }
 

@@ -163,6 +163,14 @@ pub struct StartRequest {
     /// Retained output window; 0 means [`DEFAULT_WINDOW`].
     #[serde(default)]
     pub window_bytes: u64,
+    /// A digest of what the client asked for (a start under a client operation id): a start
+    /// of a known id with another digest is refused `conflict`. Kept in memory only.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_digest: String,
+    /// A replay of a start the store already admitted: answer the known command, never start
+    /// one (an unknown id answers `not_found`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay_only: bool,
 }
 
 impl fmt::Debug for StartRequest {
@@ -180,6 +188,7 @@ impl fmt::Debug for StartRequest {
             .field("stdin", &self.stdin)
             .field("pty", &self.pty)
             .field("window_bytes", &self.window_bytes)
+            .field("replay_only", &self.replay_only)
             .finish()
     }
 }
@@ -877,6 +886,8 @@ mod tests {
             stdin: false,
             pty: None,
             window_bytes: 0,
+            request_digest: String::new(),
+            replay_only: false,
         };
         let printed = format!("{start:?}");
         assert!(printed.contains("TOKEN"), "{printed}");

@@ -362,6 +362,11 @@ mod tests {
         assert!(!matches("*.{rs,toml}", "x.md"));
         assert!(matches("{src,tests/{a,b}}/*.rs", "tests/b/x.rs"));
         assert!(matches("[{]", "{"), "a brace inside a class is literal");
+        // A closing brace inside a class, or with no group open, is literal too.
+        assert!(matches("{x,[}]}", "}"));
+        assert!(matches("{x,[}]}", "x"));
+        assert!(!matches("{x,[}]}", "]"));
+        assert!(matches("a}b", "a}b"));
     }
 
     #[test]

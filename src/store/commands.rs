@@ -11,6 +11,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use sha2::{Digest as _, Sha256};
+
 use super::cas::{self, Decision};
 use super::command_leases::{self as leases, find, find_owned, open_count, tuple_of};
 use super::predicates::{
@@ -47,6 +49,10 @@ pub struct DetachedStart {
     pub stdin: bool,
     /// Run the command on a terminal of this size (its stdin, stdout and stderr).
     pub pty: Option<PtySize>,
+    /// The client's operation id: a start replayed with it under the same claim answers the
+    /// command it started (its id is derived from the claim and this id) instead of starting
+    /// another; `None` mints a fresh command id.
+    pub operation_id: Option<String>,
 }
 
 impl fmt::Debug for DetachedStart {
@@ -142,14 +148,20 @@ impl Store {
         let target = self.supervisor_target(&observed)?;
         // Opening a session starts nothing: an executor without a supervisor writes nothing.
         let mut session = self.session(&target).await?;
-        let id = self.new_command_id();
+        let (id, request_digest) = match &start.operation_id {
+            Some(operation) => (
+                client_command_id(&rc.claim_id, operation),
+                start_digest(&start),
+            ),
+            None => (self.new_command_id(), String::new()),
+        };
         let now = self.now();
         let expires = observed
             .status
             .as_ref()
             .and_then(|s| s.active_run.as_ref())
             .map(|r| r.expires_at.to_system_time());
-        cas::update_status_from(&self.api, &env, Some(observed), |o| {
+        let replayed = cas::update_status_from(&self.api, &env, Some(observed), |o| {
             if !creator_matches(o, &caller) {
                 return Err(StoreError::not_found(&env, "creator or owner differs"));
             }
@@ -180,8 +192,9 @@ impl Store {
             if !policy.current(&o.spec.template_id) {
                 return Err(StoreError::not_ready(&env, "client policy withdrawn"));
             }
-            if find(o, &id).is_some() {
-                return Ok(Decision::Keep(()));
+            if let Some(known) = find(o, &id) {
+                // A replay: the start was admitted before (its answer may have been lost).
+                return Ok(Decision::Keep(Some(known.clone())));
             }
             if open_count(&status) >= MAX_RUNNING_COMMANDS {
                 return Err(StoreError::command(
@@ -192,7 +205,7 @@ impl Store {
             }
             let status = o.status.get_or_insert_with(Default::default);
             leases::push(status, leases::new_lease(&id, &rc, true, now));
-            Ok(Decision::Write(()))
+            Ok(Decision::Write(None))
         })
         .await?;
         let lease_ms = expires
@@ -210,6 +223,8 @@ impl Store {
             stdin: start.stdin,
             pty: start.pty,
             window_bytes: window,
+            request_digest,
+            replay_only: replayed.is_some(),
         });
         let reply = session.call(&request).await.map_err(|error| {
             tracing::warn!(env, %error, command = id, "start without an answer");
@@ -217,6 +232,16 @@ impl Store {
         })?;
         match reply {
             SupervisorReply::Status(view) => Ok(view),
+            SupervisorReply::Error(error) if error.code == HelperCode::Conflict => Err(
+                StoreError::conflict(&env, "operation id reused by another request"),
+            ),
+            SupervisorReply::Error(error) if replayed.is_some() => {
+                // The supervisor no longer has it: its recorded end, if any.
+                match replayed.as_ref().and_then(leases::view_of_ended) {
+                    Some(view) if error.code == HelperCode::NotFound => Ok(view),
+                    _ => Err(unreachable(&env)),
+                }
+            }
             SupervisorReply::Error(error) => {
                 let code = match error.code {
                     HelperCode::ResourceExhausted => ErrorCode::CommandLimit,
@@ -544,6 +569,41 @@ pub(super) fn not_found(env: &str) -> StoreError {
         ErrorCode::CommandNotFound,
         "no such command for this claim",
     )
+}
+
+/// The command id of a start under the client's `operation` id: derived from the claim, so a
+/// replay under the same claim finds its command and no other claim can name it.
+fn client_command_id(claim_id: &str, operation: &str) -> String {
+    let digest = Sha256::new()
+        .chain_update(b"mecatl-client-command-id/v1\0")
+        .chain_update(claim_id.as_bytes())
+        .chain_update(b"\0")
+        .chain_update(operation.as_bytes())
+        .finalize();
+    hex::encode(&digest[..16])
+}
+
+/// A digest of everything a start asks for (variable values included; it stays in the
+/// supervisor's memory and is never written to the status).
+fn start_digest(start: &DetachedStart) -> String {
+    let mut digest = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        digest.update((bytes.len() as u64).to_be_bytes());
+        digest.update(bytes);
+    };
+    field(start.command.as_bytes());
+    for (name, value) in &start.env {
+        field(name.as_bytes());
+        field(value.as_bytes());
+    }
+    field(start.working_dir.as_bytes());
+    field(&start.timeout_ms.to_be_bytes());
+    field(&[u8::from(start.stdin)]);
+    let pty = start
+        .pty
+        .map(|p| [p.rows.to_be_bytes(), p.cols.to_be_bytes()].concat());
+    field(&pty.unwrap_or_default());
+    hex::encode(digest.finalize())
 }
 
 pub(super) fn unreachable(env: &str) -> StoreError {

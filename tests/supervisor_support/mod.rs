@@ -241,6 +241,8 @@ pub fn start_request(id: &str, claim: &ClaimTuple, command: &str) -> StartReques
         stdin: false,
         pty: None,
         window_bytes: 0,
+        request_digest: String::new(),
+        replay_only: false,
     }
 }
 

@@ -33,6 +33,8 @@ pub struct CommandEntry {
     pub window: usize,
     /// Runs on a terminal.
     pub pty: bool,
+    /// The digest of the start request (empty without a client operation id).
+    pub request_digest: String,
     /// Followers streaming it now.
     pub followers: AtomicUsize,
     state: Mutex<EntryState>,
@@ -62,6 +64,7 @@ impl CommandEntry {
         started_at_ms: i64,
         window: usize,
         (stdin_open, pty): (bool, bool),
+        request_digest: String,
         control: mpsc::UnboundedSender<ToReaper>,
     ) -> Self {
         Self {
@@ -70,6 +73,7 @@ impl CommandEntry {
             started_at_ms,
             window,
             pty,
+            request_digest,
             followers: AtomicUsize::new(0),
             state: Mutex::new(EntryState {
                 ring: OutputRing::new(window),
@@ -315,6 +319,18 @@ impl Journal {
             }
         }
         Admission::Admit
+    }
+
+    /// The live entry of `id` when `claim` owns it (a replayed start's lookup: nothing is
+    /// admitted, buried or reserved).
+    pub fn known(
+        &mut self,
+        id: &str,
+        claim: &ClaimTuple,
+        now: Instant,
+    ) -> Option<Arc<CommandEntry>> {
+        self.housekeep(now);
+        self.entries.get(id).filter(|e| e.claim == *claim).cloned()
     }
 
     /// Inserts an admitted entry.

@@ -53,6 +53,18 @@ fn absent() -> SupervisorReply {
     refuse(ErrorCode::NotFound, "command not found")
 }
 
+/// The answer to a start of a command id already known under the same claim: that command,
+/// unless the start asks for something else (another request digest): then `conflict`.
+fn replayed(entry: &CommandEntry, start: &StartRequest) -> SupervisorReply {
+    if entry.request_digest != start.request_digest {
+        return refuse(
+            ErrorCode::Conflict,
+            "command id already used by another request",
+        );
+    }
+    SupervisorReply::Status(entry.summary())
+}
+
 impl Supervisor {
     /// A fresh, unenrolled supervisor.
     pub fn new(helper: PathBuf, root: PathBuf, runtime: Runtime) -> Arc<Self> {
@@ -280,10 +292,17 @@ impl Supervisor {
             }
         };
         let now = self.now();
+        if start.replay_only {
+            let known = self.journal().known(&start.command_id, &start.claim, now);
+            return match known {
+                Some(entry) => replayed(&entry, &start),
+                None => absent(),
+            };
+        }
         let (entry, started) = {
             let mut journal = self.journal();
             match journal.admit(&start.command_id, &start.claim, window, now) {
-                Admission::Known(entry) => return SupervisorReply::Status(entry.summary()),
+                Admission::Known(entry) => return replayed(&entry, &start),
                 Admission::Foreign => return absent(),
                 Admission::Used => return refuse(ErrorCode::Conflict, "command id already used"),
                 Admission::TooMany => {
@@ -307,6 +326,7 @@ impl Supervisor {
                 now_ms(&*self.runtime.clock),
                 window,
                 (start.stdin, start.pty.is_some()),
+                start.request_digest.clone(),
                 launch.control.clone(),
             ));
             entry.send(ToReaper::Start {

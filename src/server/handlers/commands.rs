@@ -90,6 +90,7 @@ impl ProviderService {
             timeout_ms: u64::try_from(r.timeout_millis).unwrap_or(0),
             stdin: r.open_stdin,
             pty: r.pty.as_ref().and_then(pty_size),
+            operation_id: (!r.operation_id.is_empty()).then(|| r.operation_id.clone()),
         };
         let view = self.store.start_detached(claim, start).await?;
         let status = command_convert::command_view(&view, true);
@@ -293,6 +294,7 @@ pub(super) fn start_options_well_formed(r: &pb::CommandStartRequest) -> bool {
             .all(|v| env_name_ok(&v.name) && v.value.len() <= MAX_ENV_VALUE)
         && working_directory_ok(&r.working_directory)
         && r.pty.as_ref().is_none_or(|p| pty_size_ok(p.rows, p.cols))
+        && (r.operation_id.is_empty() || crate::server::validate::valid_id(&r.operation_id))
 }
 
 /// Whether the start asks for more than a one-shot foreground command.
@@ -302,6 +304,7 @@ pub(super) fn needs_supervisor(r: &pb::CommandStartRequest) -> bool {
         || !r.working_directory.is_empty()
         || r.open_stdin
         || r.pty.is_some()
+        || !r.operation_id.is_empty()
 }
 
 fn env_name_ok(name: &str) -> bool {
