@@ -99,7 +99,7 @@ async fn a_rollback_or_an_invalid_manifest_stops_the_replica_until_a_higher_gene
     let generation_one = manifest_text(tmp.path());
     edit_manifest(tmp.path(), |_| {});
     reload(&dev).await;
-    assert_eq!(dev.security.generation(), 2);
+    assert_eq!(dev.security.published().map(|s| s.generation), Some(2));
 
     write_manifest(tmp.path(), &generation_one);
     let err = dev.security_manager.reload().await.unwrap_err();

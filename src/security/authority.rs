@@ -212,11 +212,6 @@ impl Security {
         self.tls.clone()
     }
 
-    /// The generation of the allowlist in force now (0 when withdrawn).
-    pub fn generation(&self) -> u64 {
-        self.published().map_or(0, |s| s.generation)
-    }
-
     /// Whether the replica may serve: an authority is in force, its server certificate has
     /// not expired, its active grant key may sign now, and (under a manager) a fresh ledger
     /// observation confirms it.

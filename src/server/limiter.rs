@@ -252,6 +252,16 @@ mod tests {
             per_client: Some(5),
         };
         assert!(inverted.resolve().is_err());
+        let largest = LimiterBounds {
+            global: Some(MAX_GLOBAL),
+            per_client: Some(MAX_GLOBAL),
+        };
+        assert_eq!(largest.resolve(), Ok((MAX_GLOBAL, MAX_GLOBAL)));
+        let over = LimiterBounds {
+            global: Some(MAX_GLOBAL + 1),
+            per_client: Some(1),
+        };
+        assert!(over.resolve().is_err());
         assert_eq!(parse_bound("4096"), Ok(4096));
         for bad in ["0", "4097", "-1", "x"] {
             assert!(parse_bound(bad).is_err(), "{bad}");
