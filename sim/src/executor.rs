@@ -405,3 +405,16 @@ impl ExecutorTransport for MemExecutor {
         })
     }
 }
+
+/// The simulated node agent reports a deleted executor Pod terminated at once, as it always
+/// did: the simulator models no processes beyond the calls themselves (a command runs inside
+/// its call), so there is nothing for it to end. It does not model `dev`'s proof.
+impl execution_provider::executor::environment_end::EnvironmentProcesses for MemExecutor {
+    fn end<'a>(
+        &'a self,
+        _environment: &'a str,
+    ) -> BoxFuture<'a, Result<(), execution_provider::executor::environment_end::ProcessesRemain>>
+    {
+        Box::pin(async { Ok(()) })
+    }
+}

@@ -12,6 +12,7 @@ use std::time::Duration;
 use execution_provider::api::pb;
 use execution_provider::cli::state_dir::DEV_CLIENT_URI;
 use execution_provider::executor::ExecutorTransport;
+use execution_provider::executor::environment_end::EnvironmentProcesses;
 use execution_provider::kube::apiserver::ApiServer;
 use execution_provider::kube::node_agent::NodeAgent;
 use execution_provider::runtime::SeededIds;
@@ -170,7 +171,14 @@ pub(crate) fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
     }
     let templates = RunTemplates::new(material.templates.clone(), &material.state.templates_path());
     let kubelet = KubeletLink::for_script(script);
-    add_api_host(&mut sim, &api, faulty, &material, kubelet.as_ref());
+    add_api_host(
+        &mut sim,
+        &api,
+        faulty,
+        &material,
+        kubelet.as_ref(),
+        &executor,
+    );
     add_nodes(&mut sim, &executor, EXECUTOR_NODES);
     let security = (plan.security_per_sec > 0.0).then(|| {
         Arc::new(Mutex::new(SecurityFiles::copy(
@@ -335,12 +343,15 @@ fn add_api_host(
     faulty: FaultyApi,
     material: &Arc<Material>,
     kubelet: Option<&KubeletLink>,
+    executor: &MemExecutor,
 ) {
     let api = api.clone();
     let kubelet = kubelet.cloned();
     let workspaces = material.state.workspaces_dir();
     let templates = material.templates.clone();
+    let processes: Arc<dyn EnvironmentProcesses> = Arc::new(executor.clone());
     sim.host(API_HOST, move || {
+        let processes = processes.clone();
         let api = api.clone();
         let faulty = faulty.clone();
         let workspaces = workspaces.clone();
@@ -350,7 +361,13 @@ fn add_api_host(
             let kube = api.client(NAMESPACE);
             crate::cluster::seed(&kube, &templates).await?;
             let kube = kubelet.map_or(kube, |link| link.client(&api, NAMESPACE));
-            let agent = NodeAgent::new(kube, NAMESPACE, workspaces, Arc::new(SkewedClock::exact()));
+            let agent = NodeAgent::new(
+                kube,
+                NAMESPACE,
+                workspaces,
+                Arc::new(SkewedClock::exact()),
+                processes,
+            );
             tokio::spawn(agent.run(std::future::pending::<()>()));
             let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), API_PORT);
             let listener = turmoil::net::TcpListener::bind(addr).await?;

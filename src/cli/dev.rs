@@ -188,6 +188,9 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         })?;
         isolated
     };
+    let processes = executor
+        .processes()
+        .context("dev's executor has no supervisors")?;
     let executor = Arc::new(executor);
     let sandboxes = executor.clone();
     let listener = TokioNet
@@ -210,6 +213,7 @@ or pass --unsafe-no-isolation to run commands with no isolation at all"
         DEV_NAMESPACE,
         state.workspaces_dir(),
         runtime.clock.clone(),
+        processes,
     );
     tokio::spawn(agent.run(shutdown.clone().wait()));
     // The security authority outlives the shutdown signal: in-flight calls are judged by it

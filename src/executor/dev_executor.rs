@@ -12,7 +12,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::local::{Isolation, LocalTransport};
+use super::environment_end::{EnvironmentProcesses, ProcessesRemain};
+use super::local::{Isolation, LocalTransport, RunningHelpers};
 use super::local_supervisor::{LocalSupervisorError, LocalSupervisors};
 use super::protocol::{ExecutorEnvelope, ExecutorRequest};
 use super::sandbox_networks::SandboxNetworks;
@@ -64,6 +65,16 @@ impl DevExecutor {
         if let Some(supervisors) = &self.supervisors {
             supervisors.choose_networks_with(networks);
         }
+    }
+
+    /// What ends every process of an environment with proof (`dev`'s node agent asks it
+    /// before it reports an executor Pod terminated).
+    pub fn processes(&self) -> Option<Arc<dyn EnvironmentProcesses>> {
+        let processes = DevProcesses {
+            supervisors: self.supervisors.clone()?,
+            helpers: self.helper.running_helpers().clone(),
+        };
+        Some(Arc::new(processes))
     }
 
     /// Whether this executor can open supervisor sessions.
@@ -119,6 +130,25 @@ impl ExecutorTransport for DevExecutor {
         target: &'a SupervisorTarget,
     ) -> BoxFuture<'a, Result<SupervisorSession, TransportError>> {
         Box::pin(self.open(target))
+    }
+}
+
+/// The processes of `dev`'s environments: the supervisors' holders, and the one-shot helper
+/// calls an unsandboxed transport runs itself (outside any holder: the end waits for them).
+struct DevProcesses {
+    supervisors: Arc<LocalSupervisors>,
+    helpers: Arc<RunningHelpers>,
+}
+
+impl EnvironmentProcesses for DevProcesses {
+    fn end<'a>(&'a self, environment: &'a str) -> BoxFuture<'a, Result<(), ProcessesRemain>> {
+        Box::pin(async move {
+            self.supervisors.end_processes(environment).await?;
+            match self.helpers.of(environment) {
+                0 => Ok(()),
+                running => Err(ProcessesRemain::HelpersRunning(running)),
+            }
+        })
     }
 }
 

@@ -97,6 +97,51 @@ pub struct LocalTransport {
     /// When set (and sandboxed), every call runs in the environment's own sandbox through its
     /// supervisor instead of a sandbox of its own.
     supervisors: Option<Arc<LocalSupervisors>>,
+    /// The helper processes of this transport's own (not through a supervisor) that have not
+    /// exited yet, by environment.
+    running: Arc<RunningHelpers>,
+}
+
+/// Counts the helper processes a transport started itself, per environment, until each has
+/// exited: they run outside the environment's holder, so its end proves nothing about them
+/// (`executor::environment_end`).
+#[derive(Debug, Default)]
+pub struct RunningHelpers(std::sync::Mutex<std::collections::BTreeMap<String, usize>>);
+
+impl RunningHelpers {
+    /// How many helper processes of `environment` have not exited.
+    pub fn of(&self, environment: &str) -> usize {
+        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(environment).copied().unwrap_or(0)
+    }
+
+    fn enter(self: &Arc<Self>, environment: &str) -> RunningHelper {
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *counts.entry(environment.to_owned()).or_default() += 1;
+        RunningHelper {
+            helpers: self.clone(),
+            environment: environment.to_owned(),
+        }
+    }
+}
+
+/// One counted helper process; dropped once it has exited.
+#[derive(Debug)]
+struct RunningHelper {
+    helpers: Arc<RunningHelpers>,
+    environment: String,
+}
+
+impl Drop for RunningHelper {
+    fn drop(&mut self) {
+        let mut counts = self.helpers.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&self.environment) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.environment);
+            }
+        }
+    }
 }
 
 impl LocalTransport {
@@ -118,7 +163,13 @@ impl LocalTransport {
                 ..SandboxPolicy::default()
             }),
             supervisors: None,
+            running: Arc::default(),
         }
+    }
+
+    /// The helper processes this transport started itself and that have not exited.
+    pub fn running_helpers(&self) -> &Arc<RunningHelpers> {
+        &self.running
     }
 
     /// The policy of this transport's sandboxes (`None` without isolation).
@@ -261,7 +312,8 @@ impl LocalTransport {
             return decode_envelope(&stdout);
         }
         let command = self.helper_command(&target.environment, &workspace);
-        let mut helper = HelperProcess::spawn(command, &self.helper)?;
+        let running = self.running.enter(&target.environment);
+        let mut helper = HelperProcess::spawn(command, &self.helper, running)?;
         let exchange = helper.exchange(body, is_command, cancel);
         let stdout = tokio::time::timeout(deadline, exchange)
             .await
@@ -298,10 +350,16 @@ impl ExecutorTransport for LocalTransport {
 /// [`ABANDONED_HELPER_GRACE`] to cancel and clean up its command before it is killed.
 struct HelperProcess {
     child: Option<Child>,
+    /// Counts this process until it has exited.
+    running: Option<RunningHelper>,
 }
 
 impl HelperProcess {
-    fn spawn(mut command: Command, helper: &Path) -> Result<Self, TransportError> {
+    fn spawn(
+        mut command: Command,
+        helper: &Path,
+        running: RunningHelper,
+    ) -> Result<Self, TransportError> {
         let child = command
             .env_clear()
             .stdin(Stdio::piped())
@@ -312,7 +370,10 @@ impl HelperProcess {
             .map_err(|e| {
                 TransportError::stream(format!("cannot start {}: {e}", helper.display()))
             })?;
-        Ok(Self { child: Some(child) })
+        Ok(Self {
+            child: Some(child),
+            running: Some(running),
+        })
     }
 
     /// Feeds the request, reads the bounded outputs and waits for the helper to exit.
@@ -388,6 +449,7 @@ impl Drop for HelperProcess {
         if matches!(child.try_wait(), Ok(Some(_))) {
             return;
         }
+        let running = self.running.take();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
@@ -397,6 +459,7 @@ impl Drop for HelperProcess {
                     {
                         let _ = child.kill().await;
                     }
+                    drop(running);
                 });
             }
             Err(_) => {

@@ -11,6 +11,10 @@
 //! at once (its whole PID namespace dies with it); the next connection starts a fresh one.
 //! [`LocalSupervisors::call`] runs one one-shot helper request inside it (what the local
 //! transport does for every call of a sandboxed environment).
+//!
+//! Unsandboxed, each supervisor runs under a plain holder ([`sandbox::plain_command`]); either
+//! way [`LocalSupervisors::end_processes`] ends every process of an environment with proof
+//! ([`super::environment_end`]).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt as _;
@@ -22,6 +26,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
 
+use super::environment_end::{self, EnvironmentProcesses, ProcessesRemain};
 use super::local::{LocalTransport, SandboxPolicy};
 use super::protocol::MAX_JSON_BODY;
 use super::sandbox_networks::SandboxNetworks;
@@ -29,7 +34,7 @@ use super::supervisor_client::{ClientError, SupervisorConnection, connect_unix};
 use super::supervisor_protocol::{
     FrameError, MAX_CALL_CHUNK, SupervisorReply, SupervisorRequest, derive_secret,
 };
-use super::transport::{CancelSignal, TransportError};
+use super::transport::{BoxFuture, CancelSignal, TransportError};
 use crate::sandbox::{self, Network, SandboxSpec};
 
 /// How long a freshly started supervisor may take to listen.
@@ -115,14 +120,12 @@ impl LocalSupervisors {
         key: impl Into<Vec<u8>>,
         mut policy: SandboxPolicy,
     ) -> Self {
-        let supervisors = Self::new(helper, workspaces, sockets, key);
+        let mut supervisors = Self::new(helper, workspaces, sockets, key);
         if !policy.hidden.contains(&supervisors.sockets) {
             policy.hidden.push(supervisors.sockets.clone());
         }
-        Self {
-            sandbox: Some(policy),
-            ..supervisors
-        }
+        supervisors.sandbox = Some(policy);
+        supervisors
     }
 
     /// Lets `networks` choose each sandbox's network (once; later calls change nothing).
@@ -142,13 +145,22 @@ impl LocalSupervisors {
         Ok(self.sockets.join(format!("{environment}.sock")))
     }
 
+    /// The name of the pids cgroup the holders of `environment` join: the environment's name
+    /// and a tag of this value's socket directory, so that another `dev` state directory's
+    /// environment of the same name is never taken for this one.
+    pub fn cgroup_name_of(&self, environment: &str) -> String {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(self.sockets.as_os_str().as_encoded_bytes());
+        format!("{environment}.{}", hex::encode(&digest[..4]))
+    }
+
     /// The secret `environment`'s supervisor is enrolled with.
     pub fn secret_of(&self, environment: &str) -> [u8; 32] {
         derive_secret(&self.key, LOCAL_NAMESPACE, environment, LOCAL_POD_UID)
     }
 
     /// The host pid of the process this value started for `environment` (the sandbox's host
-    /// stage when sandboxed), while it runs.
+    /// stage when sandboxed, the plain holder otherwise), while it runs.
     pub fn started_pid(&self, environment: &str) -> Option<u32> {
         let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
         let child = started.get_mut(environment)?;
@@ -195,17 +207,59 @@ impl LocalSupervisors {
         }
     }
 
-    /// Ends `environment`'s supervisor (and with a sandboxed one every process of its
-    /// sandbox) and waits for it; nothing to do when none runs.
+    /// Ends `environment`'s supervisor and every process of it, and waits for that; nothing
+    /// to do when none runs.
     pub async fn stop(&self, environment: &str) {
         let child = self
             .started
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(environment);
-        if let Some(mut child) = child {
-            let _ = child.kill().await;
+        if let Some(mut child) = child
+            && let Err(error) =
+                environment_end::end_holder(&mut child, environment_end::END_DEADLINE).await
+        {
+            tracing::warn!(%error, environment, "a stopped supervisor's end is not proven");
         }
+    }
+
+    /// Ends every process of `environment` (its supervisor and everything that runs under it,
+    /// detached commands included) and proves it ([`super::environment_end`]): through the
+    /// holder this value started, and through every pids cgroup a holder of the environment
+    /// joined. With neither (nothing started here and no pids hierarchy) only a socket that
+    /// was never bound, or that an earlier proven end removed, proves that nothing runs.
+    pub async fn end_processes(&self, environment: &str) -> Result<(), ProcessesRemain> {
+        let socket = self
+            .socket_of(environment)
+            .map_err(|_| ProcessesRemain::BadName(environment.to_owned()))?;
+        let holder = self
+            .started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(environment);
+        let ours = holder.is_some();
+        if let Some(mut child) = holder {
+            environment_end::end_holder(&mut child, environment_end::END_DEADLINE).await?;
+        }
+        let cgroup = self.cgroup_name_of(environment);
+        let found = environment_end::end_cgroups(&cgroup, environment_end::END_DEADLINE).await?;
+        if !ours && found.is_none() && socket.exists() {
+            return Err(ProcessesRemain::Unknown);
+        }
+        self.forget_socket(environment, &socket);
+        Ok(())
+    }
+
+    /// Removes the socket of an environment whose processes were proven gone, unless a new
+    /// supervisor was started for it since.
+    fn forget_socket(&self, environment: &str, socket: &Path) {
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(child) = started.get_mut(environment)
+            && matches!(child.try_wait(), Ok(None))
+        {
+            return;
+        }
+        let _ = std::fs::remove_file(socket);
     }
 
     /// Runs one one-shot helper `request` in `environment`'s supervisor: its stdout, once the
@@ -336,14 +390,18 @@ impl LocalSupervisors {
         let mut command = match &self.sandbox {
             None => {
                 std::fs::create_dir_all(&workspace).map_err(LocalSupervisorError::Start)?;
-                let mut command = Command::new(&self.layout.helper);
-                command
-                    .arg("supervise")
-                    .arg("--workspace")
-                    .arg(&workspace)
-                    .arg("--socket")
-                    .arg(socket);
-                command
+                let inner = [
+                    "supervise".into(),
+                    "--workspace".into(),
+                    workspace.clone().into_os_string(),
+                    "--socket".into(),
+                    socket.as_os_str().to_owned(),
+                ];
+                let spec = SandboxSpec {
+                    cgroup_name: self.cgroup_name_of(environment),
+                    ..SandboxSpec::new(&workspace, environment)
+                };
+                Command::from(sandbox::plain_command(&self.layout.helper, &spec, &inner))
             }
             Some(policy) => {
                 let spec = SandboxSpec {
@@ -351,6 +409,7 @@ impl LocalSupervisors {
                     limits: policy.limits.clone(),
                     hidden: policy.hidden.clone(),
                     listen: Some(socket.to_owned()),
+                    cgroup_name: self.cgroup_name_of(environment),
                     ..SandboxSpec::new(&workspace, environment)
                 };
                 let idle = policy.idle_exit.as_millis().max(1).to_string();
@@ -367,11 +426,45 @@ impl LocalSupervisors {
         let child = command
             .env_clear()
             .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
             .spawn()
             .map_err(LocalSupervisorError::Start)?;
         started.insert(environment.to_owned(), child);
         Ok(())
+    }
+}
+
+/// Supervisors this value started end with it: each holder's children are killed, and the
+/// holder then reaps everything it held and exits by itself (killing the holder instead would
+/// leave an unsandboxed supervisor and its commands running).
+impl Drop for LocalSupervisors {
+    fn drop(&mut self) {
+        let started = self.started.get_mut().unwrap_or_else(|e| e.into_inner());
+        for child in started.values_mut() {
+            if !matches!(child.try_wait(), Ok(None)) {
+                continue;
+            }
+            let holder = child
+                .id()
+                .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+            let held = holder.map(crate::helper::reaper::children_of);
+            match held {
+                Some(held) if !held.is_empty() => {
+                    for pid in held {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                }
+                // Still starting: it holds nothing yet.
+                _ => {
+                    let _ = child.start_kill();
+                }
+            }
+        }
+    }
+}
+
+impl EnvironmentProcesses for LocalSupervisors {
+    fn end<'a>(&'a self, environment: &'a str) -> BoxFuture<'a, Result<(), ProcessesRemain>> {
+        Box::pin(self.end_processes(environment))
     }
 }
 

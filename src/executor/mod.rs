@@ -6,6 +6,7 @@
 //! helper behind `pods/exec`.
 
 pub mod dev_executor;
+pub mod environment_end;
 pub mod exec_backend;
 pub mod local;
 pub mod local_supervisor;

@@ -81,25 +81,13 @@ pub fn signal_tree(group: Option<Pid>, signal: Signal) {
     }
 }
 
-fn children_of(pid: Pid) -> Vec<Pid> {
-    let mut children = Vec::new();
-    let dir = format!("/proc/{}/task", pid.as_raw_nonzero());
-    if let Ok(tasks) = std::fs::read_dir(dir) {
-        for task in tasks.flatten() {
-            if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
-                children.extend(text.split_whitespace().filter_map(parse_pid));
-            }
-        }
-    }
-    children
-}
-
-/// The live children of this process, from `/proc/self/task/*/children` when the kernel has
-/// it, otherwise from the parent field of every `/proc/<pid>/stat`.
-pub fn direct_children() -> Vec<Pid> {
+/// The live children of process `pid`, from `/proc/<pid>/task/*/children` when the kernel
+/// has it, otherwise from the parent field of every `/proc/<pid>/stat`.
+pub fn children_of(pid: Pid) -> Vec<Pid> {
     let mut children = Vec::new();
     let mut have_children_files = false;
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+    let dir = format!("/proc/{}/task", pid.as_raw_nonzero());
+    if let Ok(tasks) = std::fs::read_dir(dir) {
         for task in tasks.flatten() {
             if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
                 have_children_files = true;
@@ -110,7 +98,7 @@ pub fn direct_children() -> Vec<Pid> {
     if have_children_files {
         return children;
     }
-    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let parent = pid.as_raw_nonzero().get();
     let Ok(processes) = std::fs::read_dir("/proc") else {
         return children;
     };
@@ -122,11 +110,16 @@ pub fn direct_children() -> Vec<Pid> {
         let Ok(stat) = std::fs::read_to_string(process.path().join("stat")) else {
             continue;
         };
-        if parent_of(&stat) == Some(me) {
+        if parent_of(&stat) == Some(parent) {
             children.push(pid);
         }
     }
     children
+}
+
+/// The live children of this process ([`children_of`] it).
+pub fn direct_children() -> Vec<Pid> {
+    children_of(rustix::process::getpid())
 }
 
 fn parse_pid(text: &str) -> Option<Pid> {

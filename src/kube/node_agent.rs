@@ -1,9 +1,14 @@
 //! The dev-mode node agent: plays the kubelet for executor Pods and the volume binder for
 //! workspace PVCs. A new Pod becomes Running and Ready with a workspace directory standing
-//! for its PVC; a Pod being deleted is reported terminated; a PVC is reported Bound.
+//! for its PVC; a PVC is reported Bound. A Pod being deleted is reported terminated only once
+//! every process of its environment (the supervisor and everything under it) is proven gone
+//! ([`EnvironmentProcesses`]); until then it stays terminating, and the agent tries again
+//! every [`END_RETRY`].
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -11,8 +16,12 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
+use crate::executor::environment_end::EnvironmentProcesses;
 use crate::kube::crd::{LABEL_ENVIRONMENT, RfcTime};
 use crate::runtime::Clock;
+
+/// Pause before the agent tries again to end the processes of a Pod being deleted.
+pub const END_RETRY: Duration = Duration::from_secs(1);
 
 /// The node agent of one namespace.
 #[derive(Clone)]
@@ -21,21 +30,28 @@ pub struct NodeAgent {
     namespace: String,
     workspaces: PathBuf,
     clock: Arc<dyn Clock>,
+    processes: Arc<dyn EnvironmentProcesses>,
+    /// The Pods (by UID) whose end is under way.
+    ending: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl NodeAgent {
-    /// An agent for `namespace` keeping workspaces under `workspaces/<environment>`.
+    /// An agent for `namespace` keeping workspaces under `workspaces/<environment>` and
+    /// ending the environments' processes through `processes`.
     pub fn new(
         client: kube::Client,
         namespace: &str,
         workspaces: PathBuf,
         clock: Arc<dyn Clock>,
+        processes: Arc<dyn EnvironmentProcesses>,
     ) -> Self {
         Self {
             client,
             namespace: namespace.to_owned(),
             workspaces,
             clock,
+            processes,
+            ending: Arc::default(),
         }
     }
 
@@ -95,29 +111,73 @@ impl NodeAgent {
             .as_ref()
             .and_then(|s| s.phase.clone())
             .unwrap_or_default();
+        if matches!(phase.as_str(), "Succeeded" | "Failed") {
+            return Ok(());
+        }
+        let environment = environment_of(pod);
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.end_then_report(api, pod, environment);
+            return Ok(());
+        }
+        if phase == "Running" {
+            return Ok(());
+        }
+        self.prepare_workspace(&environment)?;
         let now = RfcTime::from_system_time(self.clock.wall()).whole_seconds();
-        let patch = if pod.metadata.deletion_timestamp.is_some() {
-            if matches!(phase.as_str(), "Succeeded" | "Failed") {
-                return Ok(());
-            }
-            terminated_status(now)
-        } else {
-            if phase == "Running" || matches!(phase.as_str(), "Succeeded" | "Failed") {
-                return Ok(());
-            }
-            let environment = pod
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_ENVIRONMENT))
-                .cloned()
-                .unwrap_or_default();
-            self.prepare_workspace(&environment)?;
-            running_status(now)
-        };
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await?;
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(running_status(now)),
+        )
+        .await?;
         Ok(())
+    }
+
+    /// Ends every process of the deleted Pod's environment and, once that is proven, reports
+    /// its containers terminated; tries again while it is not (one attempt per Pod at a time).
+    fn end_then_report(&self, api: &Api<Pod>, pod: &Pod, environment: String) {
+        let (Some(uid), Some(name)) = (pod.metadata.uid.clone(), pod.metadata.name.clone()) else {
+            return;
+        };
+        if !self.lock_ending().insert(uid.clone()) {
+            return;
+        }
+        let (agent, api) = (self.clone(), api.clone());
+        tokio::spawn(async move {
+            loop {
+                match agent.processes.end(&environment).await {
+                    Ok(()) => {
+                        let now = RfcTime::from_system_time(agent.clock.wall()).whole_seconds();
+                        let patch = Patch::Merge(terminated_status(now));
+                        if let Err(error) = api
+                            .patch_status(&name, &PatchParams::default(), &patch)
+                            .await
+                        {
+                            tracing::warn!(%error, pod = name, "node agent could not report a Pod terminated");
+                        }
+                        break;
+                    }
+                    Err(error) => tracing::warn!(
+                        %error,
+                        pod = name,
+                        "the deleted Pod's processes are not proven gone; it stays terminating"
+                    ),
+                }
+                tokio::time::sleep(END_RETRY).await;
+                let still_ours = api.get_opt(&name).await.ok().flatten().is_some_and(|p| {
+                    p.metadata.uid.as_deref() == Some(uid.as_str())
+                        && p.metadata.deletion_timestamp.is_some()
+                });
+                if !still_ours {
+                    break;
+                }
+            }
+            agent.lock_ending().remove(&uid);
+        });
+    }
+
+    fn lock_ending(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.ending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Creates the directory that stands for the environment's PVC.
@@ -146,6 +206,16 @@ pub enum NodeAgentError {
     /// The environment label is not a plain resource name.
     #[error("environment label is not a resource name")]
     BadEnvironmentLabel,
+}
+
+/// The environment a Pod belongs to, from its label.
+fn environment_of(pod: &Pod) -> String {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_ENVIRONMENT))
+        .cloned()
+        .unwrap_or_default()
 }
 
 async fn bind(

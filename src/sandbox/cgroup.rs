@@ -21,10 +21,10 @@ pub struct PidsCgroup {
 }
 
 impl PidsCgroup {
-    /// Creates `<own pids cgroup>/execution-provider/<name>-<pid>` with `pids.max = max` and
-    /// moves this process into it. `Ok(None)`: the machine has no pids hierarchy this
-    /// process may write.
-    pub fn join(name: &str, max: u32) -> Result<Option<PidsCgroup>, SetupError> {
+    /// Creates `<own pids cgroup>/execution-provider/<name>-<pid>` with `pids.max = max` (when
+    /// given) and moves this process into it. `Ok(None)`: the machine has no pids hierarchy
+    /// this process may write.
+    pub fn join(name: &str, max: Option<u32>) -> Result<Option<PidsCgroup>, SetupError> {
         let Some(own) = own_pids_cgroup() else {
             return Ok(None);
         };
@@ -37,7 +37,10 @@ impl PidsCgroup {
         }
         let dir = create_own_dir(&parent, &format!("{name}-{}", std::process::id()))?;
         let cgroup = PidsCgroup { dir, parent: own };
-        std::fs::write(cgroup.dir.join("pids.max"), max.to_string()).step("setting pids.max")?;
+        if let Some(max) = max {
+            std::fs::write(cgroup.dir.join("pids.max"), max.to_string())
+                .step("setting pids.max")?;
+        }
         std::fs::write(
             cgroup.dir.join("cgroup.procs"),
             std::process::id().to_string(),
@@ -59,6 +62,58 @@ impl PidsCgroup {
                 self.dir.display()
             );
         }
+    }
+}
+
+/// The cgroups that sandboxes and plain holders named `name` joined under this process's pids
+/// hierarchy (`<name>-<pid>`, or `<name>-<pid>.<n>`), from this or any earlier provider of
+/// the machine. `None`: there is no pids hierarchy this process may write, so nothing can be
+/// found this way.
+pub fn joined_by(name: &str) -> Option<Vec<PathBuf>> {
+    let parent = own_pids_cgroup()?.join(PARENT_DIR);
+    match std::fs::create_dir(&parent) {
+        Ok(()) => return Some(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(_) => return None,
+    }
+    let entries = std::fs::read_dir(&parent).ok()?;
+    let prefix = format!("{name}-");
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|entry| {
+            let file_name = entry.file_name();
+            let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+                return false;
+            };
+            let (pid, suffix) = rest.split_once('.').unwrap_or((rest, "0"));
+            let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            digits(pid) && digits(suffix)
+        })
+        .map(|entry| entry.path())
+        .collect();
+    found.sort();
+    Some(found)
+}
+
+/// One round of ending the cgroup `dir`: SIGKILL to every process it lists, then an attempt to
+/// remove it, which the kernel allows only once no process is left in it. True once it is
+/// gone (removed now or already).
+pub fn kill_and_remove(dir: &Path) -> bool {
+    let procs = match std::fs::read_to_string(dir.join("cgroup.procs")) {
+        Ok(procs) => procs,
+        Err(e) => return e.kind() == std::io::ErrorKind::NotFound,
+    };
+    for pid in procs
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Stage 1 of the sandbox, on the host with the provider's credentials: the pids cgroup, the
-//! workspace directory, the id maps of stage 2's user namespace, and the wait.
+//! workspace directory, the id maps of stage 2's user namespace, and the wait. It is the
+//! holder of the sandbox's processes ([`super::reaping`]): it exits only once none is left.
 //!
 //! The sandbox's root maps to the provider's own uid and gid when the provider is not root
 //! (the only mapping an unprivileged process may write), and to
@@ -57,16 +58,22 @@ impl SandboxIds {
 /// Runs stage 1 and returns the sandbox's exit status.
 pub fn run(spec: &SandboxSpec, inner: &[std::ffi::OsString]) -> Result<ExitCode, SetupError> {
     super::inherited::close_strays();
+    // Before anything is started: every orphan of the sandbox comes back to this stage.
+    super::reaping::become_holder()?;
     // Bound first, while this stage still sees the host's file system as the launcher does.
     let listener = spec.listen.as_deref().map(bind_listener).transpose()?;
-    let cgroup = PidsCgroup::join(&spec.cgroup_name, spec.limits.pids)?;
+    let cgroup = PidsCgroup::join(&spec.cgroup_name, Some(spec.limits.pids))?;
     if cgroup.is_none() {
         eprintln!(
             "execution-helper sandbox: warning: no writable pids cgroup; processes are bounded by RLIMIT_NPROC only"
         );
     }
     let ids = SandboxIds::for_current_provider();
-    let result = run_in_cgroup(spec, inner, ids, cgroup.is_some(), listener);
+    let result = {
+        // However the sandbox ended, this stage exits only once it has no process left.
+        let _end = super::reaping::EndOnDrop;
+        run_in_cgroup(spec, inner, ids, cgroup.is_some(), listener)
+    };
     if let Some(cgroup) = cgroup {
         cgroup.leave_and_remove();
     }

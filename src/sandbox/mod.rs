@@ -28,6 +28,7 @@ pub mod host;
 mod inherited;
 pub mod landlock_rules;
 pub mod namespaces;
+pub mod reaping;
 pub mod rootfs;
 pub mod seccomp;
 
@@ -155,6 +156,8 @@ pub enum Stage {
     UserNamespace,
     /// Stage 3, PID 1 of the sandbox.
     Init,
+    /// No sandbox: the plain holder of an unisolated environment ([`reaping::run_plain`]).
+    Plain,
 }
 
 impl Stage {
@@ -163,11 +166,12 @@ impl Stage {
             Stage::Host => "host",
             Stage::UserNamespace => "userns",
             Stage::Init => "init",
+            Stage::Plain => "plain",
         }
     }
 
     fn parse(name: &OsStr) -> Option<Stage> {
-        [Stage::Host, Stage::UserNamespace, Stage::Init]
+        [Stage::Host, Stage::UserNamespace, Stage::Init, Stage::Plain]
             .into_iter()
             .find(|stage| name == stage.name())
     }
@@ -229,6 +233,20 @@ pub fn command(program: &Path, spec: &SandboxSpec, inner: &[OsString]) -> std::p
     command
 }
 
+/// The launch of an unisolated environment's plain holder ([`reaping::run_plain`]): `program`
+/// (an executable that calls [`enter`] first) runs itself with `inner` as its arguments, with
+/// no isolation, in a holder that proves the end of everything it started; only the spec's
+/// cgroup name is used.
+pub fn plain_command(
+    program: &Path,
+    spec: &SandboxSpec,
+    inner: &[OsString],
+) -> std::process::Command {
+    let mut command = std::process::Command::new(program);
+    command.args(stage_args(Stage::Plain, spec, None, inner));
+    command
+}
+
 fn stage_args(
     stage: Stage,
     spec: &SandboxSpec,
@@ -283,7 +301,7 @@ fn run_stage(args: Vec<OsString>) -> Result<Entered, SetupError> {
         .ok_or_else(usage)?;
     let spec: SandboxSpec = decode(args.next(), "spec")?;
     let handoff = match stage {
-        Stage::Host => None,
+        Stage::Host | Stage::Plain => None,
         _ => Some(decode::<Handoff>(args.next(), "handoff")?),
     };
     if args.next().as_deref() != Some(OsStr::new("--")) {
@@ -292,6 +310,7 @@ fn run_stage(args: Vec<OsString>) -> Result<Entered, SetupError> {
     let inner: Vec<OsString> = args.collect();
     match (stage, handoff) {
         (Stage::Host, _) => host::run(&spec, &inner).map(Entered::Exit),
+        (Stage::Plain, _) => reaping::run_plain(&spec, &inner).map(Entered::Exit),
         (Stage::UserNamespace, Some(handoff)) => {
             namespaces::run(&spec, &handoff, &inner).map(Entered::Exit)
         }
