@@ -599,6 +599,14 @@ async fn the_manual_path_of_the_operators_guide_moves_a_fenced_environment_on() 
     let recovered = cli_for_owner(dev.addr, dir, &recover).await;
     let said = String::from_utf8_lossy(&recovered.stderr).into_owned();
     assert!(recovered.status.success(), "{said}");
+    // The fence is cleared, so nothing says any more that it stays.
+    let cleared = stored(&dev, &env.id).await.status.unwrap();
+    assert_eq!(cleared.fence_state, Some(FenceState::Healthy));
+    assert!(
+        !cleared.conditions.iter().any(|c| c.type_ == "Recovering"),
+        "a stale Recovering condition: {:?}",
+        cleared.conditions
+    );
     for shown in [epoch.to_string().as_str(), pod_uid.as_str()] {
         assert!(
             said.contains(shown),

@@ -284,6 +284,10 @@ impl Store {
                 status.active_operation = None;
                 status.active_run = None;
                 status.fence_state = Some(FenceState::Healthy);
+                // The `Recovering` condition said why the fence stayed (ManualRecovery,
+                // ExecutorIdentityLost, TerminationUnconfirmed); with the fence gone it is stale.
+                let recovering = crate::reconciler::recovery::reason::RECOVERING;
+                status.conditions.retain(|c| c.type_ != recovering);
             }
             Ok(Decision::Write(()))
         })
