@@ -9,12 +9,16 @@
 //! * it runs the Pod's main process, `execution-helper supervise` on that socket, one per Pod
 //!   incarnation (docs/commands.md §2): started before the Pod exists, so no exec reaches a
 //!   Pod before its supervisor, and bound to the first Pod UID of that name it sees;
+//! * the supervisor runs under a plain holder (`execution-helper --sandbox-stage plain`,
+//!   `src/sandbox/reaping.rs`): a child subreaper that exits only once every process the
+//!   supervisor started, however it forked, is gone;
 //! * when that Pod is deleted it stops the supervisor as a kubelet stops a container
-//!   (SIGTERM), and only when the supervisor's exit says that no process it started is left
-//!   (exit 0, docs/commands.md §2) it marks the Pod with [`PROCESSES_ENDED`], which the
-//!   suite's `e2e-pod-terminate` stage waits for before it reports the Pod terminal. A stop
-//!   that proves nothing leaves the Pod terminating. Then it starts a fresh supervisor for the
-//!   next Pod of that name (a replacement).
+//!   (SIGTERM, then SIGKILL to whatever the holder still has past the grace), and only when the
+//!   holder exited with a status (its proof, which trusts nothing the supervisor says) it
+//!   marks the Pod with [`PROCESSES_ENDED`], which the suite's `e2e-pod-terminate` stage waits
+//!   for before it reports the Pod terminal. A stop that proves nothing leaves the Pod
+//!   terminating. Then it starts a fresh supervisor for the next Pod of that name (a
+//!   replacement).
 //!
 //! The rule and the first supervisor exist as soon as the resource does, before the reconciler
 //! has created the Pod.
@@ -38,6 +42,8 @@ pub const SUPERVISOR_VARIABLE: &str = "E2E_SUPERVISOR_SOCKET";
 pub const PROCESSES_ENDED: &str = "e2e.execution-provider/processes-ended";
 /// How long a supervisor may take to stop (its commands' grace and sweeps included).
 const STOP_DEADLINE: Duration = Duration::from_secs(30);
+/// How long the holder may then take to kill and reap what is left.
+const END_DEADLINE: Duration = Duration::from_secs(10);
 
 /// True when kwok serves `pods/exec` (the Go-module control plane); false on kind, where
 /// `E2E_EXEC_BACKEND=kubelet` says a real kubelet runs the executor image's helper.
@@ -97,8 +103,9 @@ pub async fn ensure_rule(client: &kube::Client, work: &Path, namespace: &str, en
     .unwrap_or_else(|e| panic!("cannot create the kwok exec rule {pod}: {e}"));
 }
 
-/// One supervisor process: the main process of one Pod incarnation.
+/// One supervisor, under its holder: the main process of one Pod incarnation.
 struct Supervisor {
+    /// The holder (the supervisor is its child).
     child: tokio::process::Child,
     /// The Pod it serves, once one of its name was seen.
     pod_uid: Option<String>,
@@ -112,11 +119,17 @@ impl Supervisor {
             .append(true)
             .open(log)
             .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-        let child = tokio::process::Command::new(helper_binary())
-            .arg("supervise")
-            .arg("--workspace")
-            .arg(workspace)
-            .args(["--socket", socket])
+        let pod = socket.trim_start_matches('@');
+        let inner = [
+            "supervise".into(),
+            "--workspace".into(),
+            workspace.as_os_str().to_owned(),
+            "--socket".into(),
+            socket.into(),
+        ];
+        let spec = execution_provider::sandbox::SandboxSpec::new(workspace, pod);
+        let holder = execution_provider::sandbox::plain_command(&helper_binary(), &spec, &inner);
+        let child = tokio::process::Command::from(holder)
             .stdin(std::process::Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -141,19 +154,23 @@ impl Supervisor {
         }
     }
 
-    /// SIGTERM, then waits: true only for exit 0, the supervisor's proof that nothing it started
-    /// is left. Past the deadline it is killed and the answer is false.
+    /// SIGTERM to the supervisor, a grace to end its commands, then SIGKILL to every process
+    /// the holder still has until the holder exits: true only when it exited with a status,
+    /// its proof that no process of the Pod is left.
     async fn stop(mut self) -> bool {
         let Some(pid) = self.child.id() else {
             return false;
         };
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_raw(pid as i32).expect("a pid"),
-            rustix::process::Signal::TERM,
-        );
-        match tokio::time::timeout(STOP_DEADLINE, self.child.wait()).await {
-            Ok(Ok(status)) => status.success(),
-            _ => {
+        let holder = rustix::process::Pid::from_raw(pid as i32).expect("a pid");
+        for supervisor in execution_provider::helper::reaper::children_of(holder) {
+            let _ = rustix::process::kill_process(supervisor, rustix::process::Signal::TERM);
+        }
+        let _ = tokio::time::timeout(STOP_DEADLINE, self.child.wait()).await;
+        use execution_provider::executor::environment_end::end_holder;
+        match end_holder(&mut self.child, END_DEADLINE).await {
+            Ok(()) => true,
+            Err(error) => {
+                eprintln!("e2e exec agent: {error}");
                 let _ = self.child.kill().await;
                 false
             }
