@@ -280,3 +280,87 @@ async fn stopping_a_sandboxed_supervisor_ends_every_process_of_its_sandbox() {
         "the next connection starts a fresh one"
     );
 }
+
+/// Starts a detached `sleep <mark>` in `exec-a` that also double-forks one out of its process
+/// group, and ends the environment: the answer is `Ok` only once no process names the mark,
+/// the socket is gone, and a second end finds nothing to end.
+async fn an_end_answers_once_every_process_is_gone(supervisors: &LocalSupervisors, mark: &str) {
+    let mut connection = supervisors.connect("exec-a").await.unwrap();
+    let command = format!("(setsid sleep {mark} &) ; exec sleep {mark}");
+    let reply = connection.call(&start("op-sleep", &command)).await.unwrap();
+    assert!(matches!(reply, SupervisorReply::Status(_)), "{reply:?}");
+    until("both sleeps run", || host_pids_naming(mark).len() >= 2).await;
+    supervisors
+        .end_processes("exec-a")
+        .await
+        .expect("the end is proven");
+    assert_eq!(
+        host_pids_naming(mark),
+        Vec::<u32>::new(),
+        "a process outlived the proven end"
+    );
+    assert!(!supervisors.socket_of("exec-a").unwrap().exists());
+    supervisors
+        .end_processes("exec-a")
+        .await
+        .expect("nothing is left to end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ending_a_sandboxed_environment_answers_once_its_processes_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let supervisors = sandboxed(dir.path(), std::time::Duration::from_secs(600));
+    an_end_answers_once_every_process_is_gone(&supervisors, "127.31").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ending_an_unsandboxed_environment_answers_once_its_processes_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let supervisors = LocalSupervisors::new(
+        env!("CARGO_BIN_EXE_execution-helper"),
+        dir.path().join("workspaces"),
+        dir.path().join("supervisors"),
+        b"dev key".to_vec(),
+    );
+    an_end_answers_once_every_process_is_gone(&supervisors, "127.32").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_by_a_signal_proves_nothing() {
+    use execution_provider::executor::environment_end::ProcessesRemain;
+    let dir = tempfile::tempdir().unwrap();
+    let supervisors = LocalSupervisors::new(
+        env!("CARGO_BIN_EXE_execution-helper"),
+        dir.path().join("workspaces"),
+        dir.path().join("supervisors"),
+        b"dev key".to_vec(),
+    );
+    let mut connection = supervisors.connect("exec-a").await.unwrap();
+    let reply = connection
+        .call(&start("op-sleep", "exec sleep 127.33"))
+        .await
+        .unwrap();
+    assert!(matches!(reply, SupervisorReply::Status(_)), "{reply:?}");
+    until("the sleep runs", || !host_pids_naming("127.33").is_empty()).await;
+    let holder = supervisors.started_pid("exec-a").expect("a holder runs");
+    let holder = rustix::process::Pid::from_raw(holder as i32).unwrap();
+    rustix::process::kill_process(holder, rustix::process::Signal::KILL).unwrap();
+    let first = supervisors.end_processes("exec-a").await;
+    assert!(
+        matches!(first, Err(ProcessesRemain::HolderKilled)),
+        "{first:?}"
+    );
+    // What the holder held is found again only through its pids cgroup, where there is one.
+    match supervisors.end_processes("exec-a").await {
+        Ok(()) => assert_eq!(host_pids_naming("127.33"), Vec::<u32>::new()),
+        Err(ProcessesRemain::Unknown) => {
+            let mut left = host_pids_naming(&dir.path().display().to_string());
+            left.extend(host_pids_naming("127.33"));
+            for pid in left {
+                let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        Err(other) => panic!("{other:?}"),
+    }
+}
