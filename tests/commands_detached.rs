@@ -388,6 +388,57 @@ async fn detached_commands_run_in_the_background_and_every_read_writes_nothing()
     assert_eq!(version().await, settled, "a repeated cancel writes nothing");
 }
 
+/// §5.6: commands that ended by themselves stop counting against the limit at the next start,
+/// whose one write records their ends (state, exit code, receipt) from the supervisor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_ended_by_themselves_are_recorded_by_the_next_start_and_free_their_slots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev_unisolated(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "self-ended")
+        .await
+        .environment
+        .unwrap();
+    let api: Api<ExecutionEnvironment> = Api::namespaced(dev.kube.clone(), DEV_NAMESPACE);
+    let claim = acquire(&mut client, "self-ended", &env).await;
+    let ctx = context("self-ended", &claim);
+
+    let mut ids = Vec::new();
+    for i in 0..16 {
+        ids.push(start(&mut client, detached(&ctx, &format!("exit {}", i % 2))).await);
+    }
+    let before_polls = api.get(&env.id).await.unwrap().metadata.resource_version;
+    for id in &ids {
+        ended(&mut client, &ctx, id).await;
+    }
+    let after_polls = api.get(&env.id).await.unwrap().metadata.resource_version;
+    assert_eq!(before_polls, after_polls, "status polls write nothing");
+    // The last one had no start after it to record its end.
+    assert_eq!(lease(&api, &env.id, &ids[15]).await["state"], "Running");
+    let seventeenth = start(&mut client, detached(&ctx, "exec sleep 600")).await;
+    for (i, id) in ids.iter().enumerate() {
+        let recorded = lease(&api, &env.id, id).await;
+        assert_eq!(recorded["state"], "Ended", "{recorded}");
+        assert_eq!(recorded["outcome"]["reason"], "Exited", "{recorded}");
+        let (state, code) = if i % 2 == 0 {
+            ("Succeeded", 0)
+        } else {
+            ("Failed", 1)
+        };
+        assert_eq!(recorded["outcome"]["state"], state, "{recorded}");
+        assert_eq!(recorded["outcome"]["exitCode"], code, "{recorded}");
+        assert!(
+            recorded["outcome"]["terminalReceipt"]
+                .as_str()
+                .is_some_and(|r| !r.is_empty()),
+            "{recorded}"
+        );
+    }
+    assert_eq!(lease(&api, &env.id, &seventeenth).await["state"], "Running");
+    common::release(&mut client, "self-ended", &env, &claim).await;
+    dev.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_run_at_once_and_a_claims_release_ends_them_for_good() {
     let tmp = tempfile::tempdir().unwrap();

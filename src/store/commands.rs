@@ -22,6 +22,7 @@ use super::predicates::{
 use super::validate::ValidatedClaim;
 use super::{ClaimContext, RunClaim, Store, StoreError};
 use crate::errors::ErrorCode;
+use crate::executor::protocol::CommandState;
 use crate::executor::protocol::ErrorCode as HelperCode;
 use crate::executor::supervisor_protocol::{
     CommandView, MAX_LEASE, MAX_WINDOW, PtySize, StartRequest, SupervisorReply, SupervisorRequest,
@@ -30,8 +31,8 @@ use crate::executor::transport::{
     ExecutorTarget, SupervisorSession, SupervisorTarget, TransportError,
 };
 use crate::kube::crd::{
-    CommandEndReason, CommandEndState, CommandLeaseState, ExecutionEnvironment, FenceState,
-    MAX_RUNNING_COMMANDS,
+    CommandEndReason, CommandEndState, CommandLease, CommandLeaseState, ExecutionEnvironment,
+    ExecutionEnvironmentStatus, FenceState, MAX_RUNNING_COMMANDS,
 };
 
 /// What a detached start asks for beyond its shell text.
@@ -155,6 +156,7 @@ impl Store {
             ),
             None => (self.new_command_id(), String::new()),
         };
+        let self_ended = self_ended(&mut session, &observed, &rc).await;
         let now = self.now();
         let expires = observed
             .status
@@ -196,14 +198,15 @@ impl Store {
                 // A replay: the start was admitted before (its answer may have been lost).
                 return Ok(Decision::Keep(Some(known.clone())));
             }
-            if open_count(&status) >= MAX_RUNNING_COMMANDS {
+            let status = o.status.get_or_insert_with(Default::default);
+            record_self_ended(status, &rc, &self_ended, now);
+            if open_count(status) >= MAX_RUNNING_COMMANDS {
                 return Err(StoreError::command(
                     &env,
                     ErrorCode::CommandLimit,
                     "too many running commands",
                 ));
             }
-            let status = o.status.get_or_insert_with(Default::default);
             leases::push(status, leases::new_lease(&id, &rc, true, now));
             Ok(Decision::Write(None))
         })
@@ -569,6 +572,54 @@ pub(super) fn not_found(env: &str) -> StoreError {
         ErrorCode::CommandNotFound,
         "no such command for this claim",
     )
+}
+
+/// The commands of `rc`'s claim that its supervisor reports ended while their leases still
+/// say `Running` (they ended by themselves): asked once per start that has any, so that the
+/// start's write records them (docs/commands.md §5.6) and they stop counting against the
+/// limit. Best effort: without an answer nothing is recorded and the start goes on.
+async fn self_ended(
+    session: &mut SupervisorSession,
+    observed: &ExecutionEnvironment,
+    rc: &ClaimContext,
+) -> Vec<CommandView> {
+    let running =
+        |l: &CommandLease| l.state == CommandLeaseState::Running && leases::owned_by(l, rc);
+    let mut commands = observed.status.iter().flat_map(|s| s.commands.iter());
+    if !commands.any(running) {
+        return Vec::new();
+    }
+    let request = SupervisorRequest::List {
+        claim: tuple_of(rc),
+        limit: MAX_RUNNING_COMMANDS as u64,
+    };
+    match session.call(&request).await {
+        Ok(SupervisorReply::StatusList { commands }) => commands
+            .into_iter()
+            .filter(|view| view.state != CommandState::Running)
+            .collect(),
+        Ok(_) | Err(_) => Vec::new(),
+    }
+}
+
+/// Ends each `Running` lease of `rc`'s claim that `ended` reports ended, with its outcome.
+fn record_self_ended(
+    status: &mut ExecutionEnvironmentStatus,
+    rc: &ClaimContext,
+    ended: &[CommandView],
+    now: std::time::SystemTime,
+) {
+    for view in ended {
+        let running = status.commands.iter().any(|l| {
+            l.id == view.command_id
+                && l.state == CommandLeaseState::Running
+                && leases::owned_by(l, rc)
+        });
+        if running {
+            let outcome = leases::outcome_of(view, CommandEndReason::Exited, now);
+            leases::end(status, &view.command_id, outcome);
+        }
+    }
 }
 
 /// The command id of a start under the client's `operation` id: derived from the claim, so a
