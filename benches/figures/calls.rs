@@ -233,6 +233,74 @@ pub async fn try_run(
     }
 }
 
+/// How late a detached command's output reaches a follower: the command prints the wall-clock
+/// time in nanoseconds `n` times, 20 ms apart, and each line's latency is the time this client
+/// receives it minus the time it carries (one machine, one clock). Also its id.
+pub async fn output_latency(
+    client: &mut Client,
+    context: &pb::RequestContext,
+    n: usize,
+) -> (Samples, String) {
+    let started = client
+        .start_command(pb::CommandStartRequest {
+            context: Some(context.clone()),
+            command: format!("for i in $(seq {n}); do date +%s%N; sleep 0.02; done"),
+            detach: true,
+            ..Default::default()
+        })
+        .await
+        .expect("a detached start")
+        .into_inner();
+    let mut stream = client
+        .follow_command(pb::CommandQueryRequest {
+            context: Some(context.clone()),
+            command_id: started.command_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("a follow")
+        .into_inner();
+    let (mut pending, mut samples) = (Vec::new(), Vec::new());
+    while let Some(event) = stream.message().await.expect("a follow event") {
+        let received = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos();
+        match event.event {
+            Some(pb::command_output_event::Event::Chunk(chunk)) => {
+                pending.extend_from_slice(&chunk.data);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    let printed: u128 = String::from_utf8_lossy(&line)
+                        .trim()
+                        .parse()
+                        .expect("a time in nanoseconds");
+                    let late = u64::try_from(received.saturating_sub(printed)).unwrap_or(u64::MAX);
+                    samples.push(Duration::from_nanos(late));
+                }
+            }
+            Some(pb::command_output_event::Event::End(_)) => break,
+            _ => {}
+        }
+    }
+    assert_eq!(samples.len(), n, "every line arrived");
+    (Samples(samples), started.command_id)
+}
+
+/// `CommandStatus` of `id`, `n` times (what a client polling a detached command does).
+pub async fn poll_status(client: &mut Client, context: &pb::RequestContext, id: &str, n: usize) {
+    for _ in 0..n {
+        client
+            .command_status(pb::CommandQueryRequest {
+                context: Some(context.clone()),
+                command_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("a status");
+    }
+}
+
 /// One `Files` call that must succeed.
 pub async fn file(
     client: &mut Client,

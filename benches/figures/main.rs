@@ -7,6 +7,8 @@
 //! - P1: `StartCommand("true")` with a held claim against `sh -c true` spawned inside the
 //!   environment's sandbox plus the durable writes one call makes (counted from the
 //!   provider's own metrics), and against a bare `sh -c true`;
+//! - a followed detached command's output latency (printed → received), and the Kubernetes
+//!   writes that polling its status costs (none);
 //! - P2: `Files` CREATE + READ of 4 MiB against a fsynced write + read of 4 MiB;
 //! - ensure → commit → ready → acquire → first `echo`, and claim acquire + release;
 //! - where the time of one `StartCommand` goes (RPC, executor, API requests by verb, CPU);
@@ -145,6 +147,16 @@ fn label<'a>(labels: &'a str, name: &str) -> &'a str {
         .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
         .map(|v| v.trim_end_matches('"'))
         .unwrap_or("")
+}
+
+/// Kubernetes API requests of the provider that are not reads, so far.
+fn kube_writes(scrape: &Scrape) -> f64 {
+    let name = "execution_provider_kube_api_request_duration_seconds_count";
+    let reads: f64 = ["get", "list", "watch"]
+        .iter()
+        .map(|verb| scrape.sum(name, &[&format!("verb=\"{verb}\"")]))
+        .sum();
+    scrape.sum(name, &[]) - reads
 }
 
 fn breakdown(
@@ -439,6 +451,36 @@ async fn main() {
         ),
         "reported",
         None,
+    ));
+
+    // A followed command's output latency, and what polling its status costs.
+    let lines = if options.quick { 30 } else { 100 };
+    let (streamed, streamed_id) = calls::output_latency(client, &context, lines).await;
+    stat_line("followed output: printed → received", &streamed);
+    rows.push(row(
+        "a followed command's output, printed → received by the client, p99",
+        format!(
+            "{:.2} ms (median {:.2} ms)",
+            ms(streamed.quantile(0.99)),
+            ms(streamed.median())
+        ),
+        "—".into(),
+        "—".into(),
+        "≤ 50 ms",
+        Some(streamed.quantile(0.99) <= Duration::from_millis(50)),
+    ));
+    let polls = 100;
+    let before = Scrape::take(dev.health).await;
+    calls::poll_status(client, &context, &streamed_id, polls).await;
+    let after = Scrape::take(dev.health).await;
+    let writes = kube_writes(&after) - kube_writes(&before);
+    rows.push(row(
+        &format!("Kubernetes writes during {polls} `CommandStatus` polls"),
+        format!("{writes:.0}"),
+        "—".into(),
+        "—".into(),
+        "0",
+        Some(writes == 0.0),
     ));
 
     // P2: Files CREATE + READ of 4 MiB against a fsynced write + read.
