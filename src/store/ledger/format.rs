@@ -48,6 +48,14 @@ pub fn home_shard(name: &str, count: usize) -> usize {
     usize::from(digest[0]) % count.max(1)
 }
 
+/// Which of `with_room` shards that still have room takes `name` when its home is full: the
+/// second byte of SHA-256(name) modulo their number, so names that overflow at the same time
+/// spread over every shard with room instead of all racing for the same one.
+pub fn away_choice(name: &str, with_room: usize) -> usize {
+    let digest = Sha256::digest(name.as_bytes());
+    usize::from(digest[1]) % with_room.max(1)
+}
+
 /// One template's entry in one shard.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShardEntry {
@@ -144,6 +152,25 @@ pub fn decode_legacy(value: Option<&str>) -> Result<BTreeSet<String>, &'static s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overflowing_names_spread_over_every_shard_with_room() {
+        let mut chosen = [0usize; 3];
+        for n in 0..900 {
+            let name = format!("exec-{n}");
+            chosen[away_choice(&name, 3)] += 1;
+            assert_eq!(away_choice(&name, 1), 0);
+        }
+        assert!(chosen.iter().all(|&c| c > 200), "{chosen:?}");
+        // Independent of the home: names of one home still spread.
+        let same_home: Vec<String> = (0..2000)
+            .map(|n| format!("exec-{n}"))
+            .filter(|name| home_shard(name, 16) == 0)
+            .collect();
+        let spread: std::collections::BTreeSet<usize> =
+            same_home.iter().map(|name| away_choice(name, 4)).collect();
+        assert_eq!(spread.len(), 4, "{} names of home 0", same_home.len());
+    }
 
     #[test]
     fn strict_decoding_refuses_what_is_not_a_clean_entry() {

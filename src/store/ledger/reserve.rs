@@ -6,7 +6,7 @@
 
 use std::time::SystemTime;
 
-use super::format::{home_shard, shard_capacity, shard_count};
+use super::format::{away_choice, home_shard, shard_capacity, shard_count};
 use super::proof::{can_no_longer_land, landed_late};
 use super::{Ledger, MAX_ROUNDS, Shard, ShardEntry, busy};
 use crate::store::StoreError;
@@ -123,13 +123,18 @@ impl Ledger {
                 }
                 continue;
             }
-            for shard in &mut shards {
-                if shard.entry.slots.len() < shard_capacity(r.limit, count, shard.index) {
-                    if self.place(r, shard, home).await? {
-                        return Ok(());
-                    }
-                    continue 'round;
+            let with_room: Vec<usize> = (0..shards.len())
+                .filter(|&i| {
+                    let shard = &shards[i];
+                    shard.entry.slots.len() < shard_capacity(r.limit, count, shard.index)
+                })
+                .collect();
+            if !with_room.is_empty() {
+                let chosen = with_room[away_choice(r.name, with_room.len())];
+                if self.place(r, &mut shards[chosen], home).await? {
+                    return Ok(());
                 }
+                continue 'round;
             }
             for shard in &mut shards {
                 let (freed, changed) = self.tidy(r, &mut shard.entry, EXHAUSTED_CHECKS).await?;
