@@ -218,3 +218,38 @@ async fn an_escaping_symlink_or_an_oversized_file_in_the_security_directory_is_n
     assert_eq!(templates(&mut client).await.unwrap(), 1);
     dev.stop().await.unwrap();
 }
+
+/// A ledger read that started before a reload and answers after it predates the reloaded
+/// authority's publication: it must not withdraw that authority (the replica would refuse
+/// handshakes until the next reload; seen as a connection reset under a loaded CI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_read_from_before_a_reload_does_not_withdraw_the_reloaded_authority() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev(tmp.path()).await;
+    let ledger = AuthorityLedger::new(dev.kube.clone(), "execution", DEFAULT_AUTHORITY_CONFIGMAP);
+    let started_under = dev.security.published();
+    let stale = ledger.read().await;
+    assert_eq!(stale.as_ref().unwrap().as_ref(), started_under.as_ref());
+
+    edit_manifest(tmp.path(), |_| {});
+    reload(&dev).await;
+    assert_eq!(dev.security.published().map(|s| s.generation), Some(2));
+    dev.security_manager
+        .record_refresh(started_under.as_ref(), stale);
+    assert!(
+        dev.security.ready(),
+        "the reloaded authority stays in force"
+    );
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    assert_eq!(templates(&mut client).await.unwrap(), 1);
+
+    // A read under the authority in force still decides: one naming another withdraws it.
+    let now = dev.security.published();
+    dev.security_manager
+        .record_refresh(now.as_ref(), Ok(started_under.clone()));
+    assert!(
+        !dev.security.ready(),
+        "a ledger naming another authority withdraws it"
+    );
+    dev.stop().await.unwrap();
+}

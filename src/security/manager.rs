@@ -157,7 +157,25 @@ impl SecurityManager {
     /// another one or is corrupt. An unreachable ledger records nothing, so RPCs stop once
     /// the last observation is older than the staleness bound.
     pub async fn refresh(&self) {
-        match self.ledger.read().await {
+        let started_under = self.security.published();
+        let read = self.ledger.read().await;
+        self.record_refresh(started_under.as_ref(), read);
+    }
+
+    /// What [`Self::refresh`] does with a ledger `read` it started while `started_under` was the
+    /// authority in force. A reload that installed another authority while the read was in
+    /// flight makes the read decide nothing: it may predate that authority's publication, and
+    /// taken as the truth it would withdraw the authority just installed (the replica unready
+    /// until the next reload).
+    pub fn record_refresh(
+        &self,
+        started_under: Option<&LedgerState>,
+        read: Result<Option<LedgerState>, LedgerError>,
+    ) {
+        if self.security.published().as_ref() != started_under {
+            return;
+        }
+        match read {
             Ok(Some(state)) => {
                 if self.security.published().is_some_and(|p| p != state) {
                     tracing::warn!(
