@@ -181,6 +181,26 @@ async fn ended(
     .await
 }
 
+/// A second claim of `binding` (`run-2`), once the first is gone.
+async fn acquire_second(
+    client: &mut Client,
+    binding: &str,
+    env: &pb::EnvironmentRef,
+) -> pb::RunClaimResponse {
+    client
+        .acquire_run(pb::AcquireRunRequest {
+            environment: Some(env.clone()),
+            owner: Some(owner()),
+            binding_id: binding.into(),
+            run_id: "run-2".into(),
+            operation_id: "acquire-2".into(),
+            ttl_millis: 60_000,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// The lease `id` as the status records it.
 async fn lease(api: &Api<ExecutionEnvironment>, env: &str, id: &str) -> serde_json::Value {
     let o = api.get(env).await.unwrap();
@@ -506,18 +526,7 @@ async fn sixteen_run_at_once_and_a_claims_release_ends_them_for_good() {
         Code::Aborted,
         "the released claim is not current"
     );
-    let next = client
-        .acquire_run(pb::AcquireRunRequest {
-            environment: Some(env.clone()),
-            owner: Some(owner()),
-            binding_id: "many".into(),
-            run_id: "run-2".into(),
-            operation_id: "acquire-2".into(),
-            ttl_millis: 60_000,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let next = acquire_second(&mut client, "many", &env).await;
     let later = context("many", &next);
     // What a truly absent command answers this caller, call by call: the earlier claim's
     // commands answer exactly that (code, message and detail), and so does a foreign caller,
@@ -1574,18 +1583,7 @@ async fn a_start_replayed_under_its_operation_id_answers_its_command_and_starts_
     assert_eq!(log.unwrap(), "started\n", "exactly one command ran");
 
     release(&mut client, "replay", &env, &claim).await;
-    let next = client
-        .acquire_run(pb::AcquireRunRequest {
-            environment: Some(env.clone()),
-            owner: Some(owner()),
-            binding_id: "replay".into(),
-            run_id: "run-2".into(),
-            operation_id: "acquire-2".into(),
-            ttl_millis: 60_000,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let next = acquire_second(&mut client, "replay", &env).await;
     let later = pb::CommandStartRequest {
         operation_id: "start-1".into(),
         ..detached(&context("replay", &next), "true")

@@ -62,12 +62,7 @@ async fn output_of(supervisors: &LocalSupervisors, environment: &str, id: &str) 
 #[tokio::test]
 async fn each_environment_gets_one_supervisor_on_its_own_workspace_reused_by_later_connections() {
     let dir = tempfile::tempdir().unwrap();
-    let supervisors = LocalSupervisors::new(
-        env!("CARGO_BIN_EXE_execution-helper"),
-        dir.path().join("workspaces"),
-        dir.path().join("supervisors"),
-        b"dev key".to_vec(),
-    );
+    let supervisors = unsandboxed(dir.path());
     let first = supervisors.connect("exec-a").await.unwrap();
     let boot = first.hello().boot_id.clone();
     let again = supervisors.connect("exec-a").await.unwrap();
@@ -217,6 +212,16 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Supervisors of `dir` without a sandbox (`dev --unsafe-no-isolation`).
+fn unsandboxed(dir: &std::path::Path) -> LocalSupervisors {
+    LocalSupervisors::new(
+        env!("CARGO_BIN_EXE_execution-helper"),
+        dir.join("workspaces"),
+        dir.join("supervisors"),
+        b"dev key".to_vec(),
+    )
+}
+
 fn sandboxed(dir: &std::path::Path, idle_exit: std::time::Duration) -> LocalSupervisors {
     use execution_provider::executor::local::SandboxPolicy;
     LocalSupervisors::sandboxed(
@@ -316,12 +321,7 @@ async fn ending_a_sandboxed_environment_answers_once_its_processes_are_gone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ending_an_unsandboxed_environment_answers_once_its_processes_are_gone() {
     let dir = tempfile::tempdir().unwrap();
-    let supervisors = LocalSupervisors::new(
-        env!("CARGO_BIN_EXE_execution-helper"),
-        dir.path().join("workspaces"),
-        dir.path().join("supervisors"),
-        b"dev key".to_vec(),
-    );
+    let supervisors = unsandboxed(dir.path());
     an_end_answers_once_every_process_is_gone(&supervisors, "127.32").await;
 }
 
@@ -329,12 +329,7 @@ async fn ending_an_unsandboxed_environment_answers_once_its_processes_are_gone()
 async fn a_holder_killed_by_a_signal_proves_nothing() {
     use execution_provider::executor::environment_end::ProcessesRemain;
     let dir = tempfile::tempdir().unwrap();
-    let supervisors = LocalSupervisors::new(
-        env!("CARGO_BIN_EXE_execution-helper"),
-        dir.path().join("workspaces"),
-        dir.path().join("supervisors"),
-        b"dev key".to_vec(),
-    );
+    let supervisors = unsandboxed(dir.path());
     let mut connection = supervisors.connect("exec-a").await.unwrap();
     let reply = connection
         .call(&start("op-sleep", "exec sleep 127.33"))
