@@ -262,11 +262,14 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn an_oversized_manifest_is_refused_before_decoding() {
+    fn a_manifest_of_8_mib_decodes_and_one_byte_more_is_refused_before_decoding() {
         let ok = r#"[{"uri":"spiffe://c/a","mayAttestOwner":true}]"#;
         let mut padded = manifest(ok).into_bytes();
         assert!(SecurityManifest::parse(&padded).is_ok());
-        padded.resize(MAX_MANIFEST_BYTES + 1, b' ');
+        // api-security §6.1: a body of exactly 8 MiB decodes; one byte more is refused.
+        padded.resize(8 << 20, b' ');
+        assert!(SecurityManifest::parse(&padded).is_ok());
+        padded.push(b' ');
         assert!(matches!(
             SecurityManifest::parse(&padded),
             Err(ManifestError::TooLarge)
