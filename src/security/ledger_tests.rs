@@ -197,3 +197,26 @@ async fn published_keys_are_kept_as_tombstones_across_rotations() {
     ));
     assert_eq!(ledger.read_record().await.unwrap(), Some(stored));
 }
+
+#[test]
+fn the_largest_ledger_the_rules_allow_parses_and_a_value_over_64_kib_is_corrupt() {
+    // 64 fingerprints under 64-byte key ids: what an issuer at the cap has recorded.
+    let full: Fingerprints = (1..=MAX_FINGERPRINTS)
+        .map(|v| (format!("{}:{v}", "k".repeat(MAX_KEY_ID)), print('a')))
+        .collect();
+    let digest = "d".repeat(64);
+    let text =
+        serde_json::json!({"generation": u64::MAX >> 1, "digest": digest, "fingerprints": full})
+            .to_string();
+    let record = parse_record(Some(&map(&text))).unwrap().unwrap();
+    assert_eq!(record.fingerprints.len(), MAX_FINGERPRINTS);
+    // The value's bound is 64 KiB, trailing JSON whitespace included.
+    let mut padded = text;
+    padded.extend(std::iter::repeat_n(' ', (64 << 10) - padded.len()));
+    assert!(parse_record(Some(&map(&padded))).unwrap().is_some());
+    padded.push(' ');
+    assert!(matches!(
+        parse_record(Some(&map(&padded))),
+        Err(LedgerError::Corrupt)
+    ));
+}
