@@ -409,9 +409,10 @@ async fn detached_commands_run_in_the_background_and_every_read_writes_nothing()
 }
 
 /// §5.6: commands that ended by themselves stop counting against the limit at the next start,
-/// whose one write records their ends (state, exit code, receipt) from the supervisor.
+/// whose one write records their ends (state, exit code, receipt) from the supervisor; a
+/// cancel's write records them too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commands_that_ended_by_themselves_are_recorded_by_the_next_start_and_free_their_slots() {
+async fn commands_that_ended_by_themselves_are_recorded_by_the_next_start_or_cancel() {
     let tmp = tempfile::tempdir().unwrap();
     let dev = start_dev_unisolated(tmp.path()).await;
     let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
@@ -455,6 +456,20 @@ async fn commands_that_ended_by_themselves_are_recorded_by_the_next_start_and_fr
         );
     }
     assert_eq!(lease(&api, &env.id, &seventeenth).await["state"], "Running");
+
+    // A cancel's write records the claim's other commands that ended by themselves.
+    let exited = start(&mut client, detached(&ctx, "exit 5")).await;
+    assert_eq!(ended(&mut client, &ctx, &exited).await.exit_code, 5);
+    assert_eq!(lease(&api, &env.id, &exited).await["state"], "Running");
+    let mut cancel = query(&ctx, &seventeenth, 0);
+    cancel.grace_millis = 200;
+    client.cancel_command(cancel).await.unwrap();
+    let cancelled = lease(&api, &env.id, &seventeenth).await;
+    assert_eq!(cancelled["outcome"]["reason"], "Cancelled", "{cancelled}");
+    let recorded = lease(&api, &env.id, &exited).await;
+    assert_eq!(recorded["state"], "Ended", "{recorded}");
+    assert_eq!(recorded["outcome"]["reason"], "Exited", "{recorded}");
+    assert_eq!(recorded["outcome"]["exitCode"], 5, "{recorded}");
     common::release(&mut client, "self-ended", &env, &claim).await;
     dev.stop().await.unwrap();
 }

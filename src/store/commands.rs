@@ -14,6 +14,7 @@ use std::time::Duration;
 use sha2::{Digest as _, Sha256};
 
 use super::cas::{self, Decision};
+use super::command_exits::{record_self_ended, self_ended};
 use super::command_leases::{self as leases, find, find_owned, open_count, tuple_of};
 use super::predicates::{
     active, claim_current, creator_matches, env_ref, healthy, published, ready, schema_current,
@@ -22,7 +23,6 @@ use super::predicates::{
 use super::validate::ValidatedClaim;
 use super::{ClaimContext, RunClaim, Store, StoreError};
 use crate::errors::ErrorCode;
-use crate::executor::protocol::CommandState;
 use crate::executor::protocol::ErrorCode as HelperCode;
 use crate::executor::supervisor_protocol::{
     CommandView, MAX_LEASE, MAX_WINDOW, PtySize, StartRequest, SupervisorReply, SupervisorRequest,
@@ -31,8 +31,8 @@ use crate::executor::transport::{
     ExecutorTarget, SupervisorSession, SupervisorTarget, TransportError,
 };
 use crate::kube::crd::{
-    CommandEndReason, CommandEndState, CommandLease, CommandLeaseState, ExecutionEnvironment,
-    ExecutionEnvironmentStatus, FenceState, MAX_RUNNING_COMMANDS,
+    CommandEndReason, CommandEndState, CommandLeaseState, ExecutionEnvironment, FenceState,
+    MAX_RUNNING_COMMANDS,
 };
 
 /// What a detached start asks for beyond its shell text.
@@ -323,6 +323,7 @@ impl Store {
             return Ok(view);
         }
         let target = self.supervisor_target(&observed)?;
+        let seen = observed.clone();
         let cancel_id = self.runtime.ids.hex(16);
         let now = self.now();
         let marked = cas::update_status_from(&self.api, &env, Some(observed), |o| {
@@ -354,7 +355,12 @@ impl Store {
             claim: tuple_of(&rc),
             grace_ms: u64::try_from(grace.as_millis()).unwrap_or(0),
         };
-        let view = match self.supervisor_call(&target, &request).await? {
+        let mut session = self.session(&target).await?;
+        let reply = session.call(&request).await.map_err(|error| {
+            tracing::warn!(env, %error, command = id, "cancel without an answer");
+            unreachable(&env)
+        })?;
+        let view = match reply {
             SupervisorReply::Status(view) => view,
             SupervisorReply::Error(_) => {
                 // The supervisor does not know it (never started, or a new boot): its journal,
@@ -389,7 +395,9 @@ impl Store {
             _ => return Err(unreachable(&env)),
         };
         let outcome = leases::outcome_of(&view, CommandEndReason::Cancelled, self.now());
-        self.record_ends(&env, vec![(id.to_owned(), outcome)])
+        // The same write records the claim's other commands that ended by themselves (§5.6).
+        let exited = self_ended(&mut session, &seen, &rc).await;
+        self.record_ends_and_exits(&env, vec![(id.to_owned(), outcome)], Some((&rc, &exited)))
             .await?;
         Ok(view)
     }
@@ -417,6 +425,18 @@ impl Store {
         env: &str,
         ends: Vec<(String, crate::kube::crd::CommandOutcome)>,
     ) -> Result<(), StoreError> {
+        self.record_ends_and_exits(env, ends, None).await
+    }
+
+    /// [`Store::record_ends`], and in the same write the ends of `exits`' claim's commands
+    /// that its supervisor reported ended by themselves.
+    async fn record_ends_and_exits(
+        &self,
+        env: &str,
+        ends: Vec<(String, crate::kube::crd::CommandOutcome)>,
+        exits: Option<(&ClaimContext, &[CommandView])>,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
         cas::update_status(&self.api, env, |o| {
             let status = o.status.get_or_insert_with(Default::default);
             let mut changed = false;
@@ -428,6 +448,9 @@ impl Store {
                         status.fence_state = Some(FenceState::FenceUnknown);
                     }
                 }
+            }
+            if let Some((rc, ended)) = exits {
+                changed |= record_self_ended(status, rc, ended, now);
             }
             Ok(if changed {
                 Decision::Write(())
@@ -572,54 +595,6 @@ pub(super) fn not_found(env: &str) -> StoreError {
         ErrorCode::CommandNotFound,
         "no such command for this claim",
     )
-}
-
-/// The commands of `rc`'s claim that its supervisor reports ended while their leases still
-/// say `Running` (they ended by themselves): asked once per start that has any, so that the
-/// start's write records them (docs/commands.md §5.6) and they stop counting against the
-/// limit. Best effort: without an answer nothing is recorded and the start goes on.
-async fn self_ended(
-    session: &mut SupervisorSession,
-    observed: &ExecutionEnvironment,
-    rc: &ClaimContext,
-) -> Vec<CommandView> {
-    let running =
-        |l: &CommandLease| l.state == CommandLeaseState::Running && leases::owned_by(l, rc);
-    let mut commands = observed.status.iter().flat_map(|s| s.commands.iter());
-    if !commands.any(running) {
-        return Vec::new();
-    }
-    let request = SupervisorRequest::List {
-        claim: tuple_of(rc),
-        limit: MAX_RUNNING_COMMANDS as u64,
-    };
-    match session.call(&request).await {
-        Ok(SupervisorReply::StatusList { commands }) => commands
-            .into_iter()
-            .filter(|view| view.state != CommandState::Running)
-            .collect(),
-        Ok(_) | Err(_) => Vec::new(),
-    }
-}
-
-/// Ends each `Running` lease of `rc`'s claim that `ended` reports ended, with its outcome.
-fn record_self_ended(
-    status: &mut ExecutionEnvironmentStatus,
-    rc: &ClaimContext,
-    ended: &[CommandView],
-    now: std::time::SystemTime,
-) {
-    for view in ended {
-        let running = status.commands.iter().any(|l| {
-            l.id == view.command_id
-                && l.state == CommandLeaseState::Running
-                && leases::owned_by(l, rc)
-        });
-        if running {
-            let outcome = leases::outcome_of(view, CommandEndReason::Exited, now);
-            leases::end(status, &view.command_id, outcome);
-        }
-    }
 }
 
 /// The command id of a start under the client's `operation` id: derived from the claim, so a

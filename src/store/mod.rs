@@ -15,6 +15,7 @@ pub mod admin;
 pub mod cas;
 pub mod claims;
 pub mod command_authority;
+mod command_exits;
 pub mod command_invariants;
 pub mod command_leases;
 pub mod command_reads;
