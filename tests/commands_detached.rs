@@ -990,6 +990,18 @@ async fn the_cli_detaches_lists_follows_and_kills_and_a_foreground_exec_streams(
         dir,
         &["logs", "--binding", "cli", "--follow", &id],
     ));
+    // A follower whose reader goes away (`logs --follow | head -1`) ends quietly at its next
+    // write, with the status of a program that SIGPIPE ended.
+    let (headed, mut head) = piped(cli(
+        dev.addr,
+        dir,
+        &["logs", "--binding", "cli", "--follow", &id],
+    ));
+    assert_eq!(
+        next_line(&mut head, Duration::from_secs(30)).await,
+        "line 1"
+    );
+    drop(head);
     for i in 1..=3 {
         assert_eq!(
             next_line(&mut lines, Duration::from_secs(30)).await,
@@ -1004,6 +1016,21 @@ async fn the_cli_detaches_lists_follows_and_kills_and_a_foreground_exec_streams(
     assert_eq!(
         next_line(&mut lines, Duration::from_secs(30)).await,
         "line 4"
+    );
+    let headed = tokio::time::timeout(Duration::from_secs(30), headed.wait_with_output())
+        .await
+        .expect("the headed follower ends at its next write")
+        .unwrap();
+    assert_eq!(
+        headed.status.code(),
+        Some(141),
+        "{}",
+        String::from_utf8_lossy(&headed.stderr)
+    );
+    assert!(
+        headed.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&headed.stderr)
     );
     // Without --follow: the retained output so far, from an offset.
     let logs = cli(

@@ -75,11 +75,23 @@ pub async fn main(cli: Cli) -> i32 {
     telemetry.shutdown().await;
     match result {
         Ok(code) => code,
+        // A reader that went away (`logs --follow … | head`) ends the output quietly, with the
+        // status a shell gives a program that SIGPIPE ended.
+        Err(error) if closed_output(&error) => 141,
         Err(error) => {
             eprintln!("error: {}", describe(&error));
             1
         }
     }
+}
+
+/// Whether `error` is a write to an output whose reader has gone (EPIPE).
+fn closed_output(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The chart's copy of the CRD, relative to the repository root.
