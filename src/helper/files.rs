@@ -340,6 +340,49 @@ mod tests {
         assert_eq!(go_file_mode(0o104_755), MODE_SETUID | 0o755);
     }
 
+    /// Each operation answers in its own fields of the response.
+    #[test]
+    fn each_operation_answers_in_its_own_fields() {
+        use crate::helper::search;
+        let temp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(temp.path()).unwrap();
+        let created = create(&ws, Path::new("dir/f.txt"), b"hello\n").unwrap();
+        let version = content_version(b"hello\n");
+        assert_eq!(created.version, version);
+        let read_back = read(&ws, Path::new("dir/f.txt")).unwrap();
+        assert_eq!(
+            (read_back.data.as_slice(), &read_back.version),
+            (&b"hello\n"[..], &version)
+        );
+        let info = stat(&ws, Path::new("dir/f.txt")).unwrap().info.unwrap();
+        assert_eq!(
+            (info.name.as_str(), info.size, info.is_dir),
+            ("f.txt", 6, false)
+        );
+        let listed = list(&ws, Path::new("dir"), 10).unwrap().entries;
+        assert_eq!(
+            listed.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            ["f.txt"]
+        );
+        let authority = resolve_authority(&ws, Path::new("dir/f.txt")).unwrap();
+        let root = ws.root().canonicalize().unwrap();
+        assert_eq!(authority.authority_workspace, root.to_string_lossy());
+        assert_eq!(
+            authority.authority_target,
+            root.join("dir/f.txt").to_string_lossy()
+        );
+        let found = search::glob(&ws, "**/*.txt", 10).unwrap().paths;
+        assert_eq!(found, ["dir/f.txt"]);
+        let matches = search::grep(&ws, "hel+o", "", 10).unwrap().matches;
+        assert_eq!(
+            matches
+                .iter()
+                .map(|m| (m.path.as_str(), m.line))
+                .collect::<Vec<_>>(),
+            [("dir/f.txt", 1)]
+        );
+    }
+
     #[test]
     fn a_parent_symlink_leaving_the_root_is_refused_on_create() {
         let temp = tempfile::tempdir().unwrap();

@@ -248,3 +248,64 @@ fn open_real_dir(root: &Dir, relative: &Path) -> io::Result<Dir> {
     }
     root.open_dir(relative)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workspace() -> (tempfile::TempDir, Workspace) {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(temp.path()).unwrap();
+        (temp, ws)
+    }
+
+    #[test]
+    fn a_grep_reads_256_mib_in_all_and_refuses_one_byte_more() {
+        let (_temp, ws) = workspace();
+        // Sparse files (holes read as NUL bytes, so they are counted and then skipped): 51 of
+        // MaxFileBytes and one of 1 MiB make exactly 256 MiB.
+        let sparse = |name: &str, len: u64| {
+            let file = std::fs::File::create(ws.root().join(name)).unwrap();
+            file.set_len(len).unwrap();
+        };
+        for i in 0..51 {
+            sparse(&format!("f{i:02}"), MAX_FILE_BYTES as u64);
+        }
+        sparse("g", 1 << 20);
+        assert!(grep(&ws, "x", "", 10).unwrap().matches.is_empty());
+        std::fs::write(ws.root().join("h"), b"x").unwrap();
+        assert!(matches!(
+            grep(&ws, "x", "", 10),
+            Err(HelperError::ResourceExhausted(WALK_TOO_LARGE))
+        ));
+    }
+
+    #[test]
+    fn a_result_under_6_mib_is_answered_and_a_larger_one_refused() {
+        let (_temp, ws) = workspace();
+        // Each match costs 1,005 encoded bytes: the path `"a"` and a line of 1,000 letters.
+        let lines = |n: usize| format!("{}\n", "a".repeat(1000)).repeat(n);
+        std::fs::write(ws.root().join("a"), lines(3000)).unwrap();
+        std::fs::write(ws.root().join("b"), lines(3000)).unwrap();
+        // 6,000 matches: 6,030,000 bytes, under 6 MiB (6,291,456).
+        assert_eq!(grep(&ws, "a", "", 10_000).unwrap().matches.len(), 6000);
+        // 6,300 matches: 6,331,500 bytes.
+        std::fs::write(ws.root().join("c"), lines(300)).unwrap();
+        assert!(matches!(
+            grep(&ws, "a", "", 10_000),
+            Err(HelperError::ResourceExhausted(TOO_MANY_RESULTS))
+        ));
+    }
+
+    #[test]
+    fn a_regex_program_of_up_to_4_mib_compiles_and_a_larger_one_is_refused() {
+        let (_temp, ws) = workspace();
+        std::fs::write(ws.root().join("f"), "w".repeat(60)).unwrap();
+        // Unicode `\w` repeated 50 times compiles to between 1 and 4 MiB; 100 times to more.
+        assert_eq!(grep(&ws, r"\w{50}", "", 10).unwrap().matches.len(), 1);
+        assert!(matches!(
+            grep(&ws, r"\w{100}", "", 10),
+            Err(HelperError::Internal(_))
+        ));
+    }
+}
