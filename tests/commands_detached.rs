@@ -1376,16 +1376,6 @@ async fn terminal_commands_resize_attach_and_refuse_with_their_codes() {
             .unwrap_err();
         assert_eq!(refused.code(), Code::InvalidArgument, "{rows}x{cols}");
     }
-    let foreground = pb::CommandStartRequest {
-        detach: false,
-        ..on_terminal(&ctx, "true", 24, 80)
-    };
-    let refused = client.start_command(foreground).await.unwrap_err();
-    assert_eq!(
-        refused.code(),
-        Code::Unimplemented,
-        "a terminal needs a detached start"
-    );
     let no_terminal = client
         .resize_command(resize(&ctx, &plain, 30, 100))
         .await
@@ -1632,5 +1622,137 @@ async fn a_start_replayed_under_its_operation_id_answers_its_command_and_starts_
     };
     let fresh = start(&mut client, later).await;
     assert_ne!(fresh, first, "another claim's start is another command");
+    dev.stop().await.unwrap();
+}
+
+/// A foreground start with what the one-shot helper cannot take runs through the supervisor
+/// on the same call: variables and a working directory, a terminal, a client operation id
+/// (replayed: the same command and output, run once), a timeout; its end is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreground_start_with_supervisor_options_runs_on_the_call_and_records_its_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = start_dev_unisolated(tmp.path()).await;
+    let mut client = connect(dev.addr, tmp.path(), Some(&dev_identity(tmp.path()))).await;
+    let env = ensure_ready(&mut client, "fg").await.environment.unwrap();
+    let api: Api<ExecutionEnvironment> = Api::namespaced(dev.kube.clone(), DEV_NAMESPACE);
+    let claim = acquire(&mut client, "fg", &env).await;
+    let ctx = context("fg", &claim);
+    let workspace = tmp.path().join("workspaces").join(&env.id);
+    std::fs::create_dir(workspace.join("sub")).unwrap();
+    let foreground = |command: &str| pb::CommandStartRequest {
+        context: Some(ctx.clone()),
+        command: command.into(),
+        ..Default::default()
+    };
+
+    // Variables and a working directory: stdout and stderr apart, the exit code, a receipt.
+    let answer = client
+        .start_command(pb::CommandStartRequest {
+            env: vec![pb::CommandEnvVar {
+                name: "GREETING".into(),
+                value: "hello there".into(),
+            }],
+            working_directory: "sub".into(),
+            ..foreground(r#"echo "$GREETING"; pwd; echo oops >&2; exit 3"#)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let result = answer.result.unwrap();
+    assert_eq!(
+        (answer.state, result.exit_code, result.detached),
+        (pb::CommandState::Failed as i32, 3, false)
+    );
+    let stdout = String::from_utf8(result.stdout).unwrap();
+    assert!(
+        stdout.starts_with("hello there\n") && stdout.ends_with("/sub\n"),
+        "{stdout}"
+    );
+    assert_eq!(result.stderr, b"oops\n");
+    assert_eq!(result.terminal_receipt.len(), 64);
+    let recorded = lease(&api, &env.id, &answer.command_id).await;
+    assert_eq!(
+        (
+            &recorded["state"],
+            &recorded["detached"],
+            &recorded["outcome"]["reason"],
+            &recorded["outcome"]["exitCode"]
+        ),
+        (
+            &serde_json::json!("Ended"),
+            &serde_json::json!(false),
+            &serde_json::json!("Exited"),
+            &serde_json::json!(3)
+        ),
+        "{recorded}"
+    );
+
+    // A terminal of the asked size: its output is one `pty` stream, answered as stdout.
+    let answer = client
+        .start_command(pb::CommandStartRequest {
+            pty: Some(pb::PtySize {
+                rows: 30,
+                cols: 100,
+            }),
+            ..foreground("stty size; tty")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let result = answer.result.unwrap();
+    let text = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        text.contains("30 100") && text.contains("/dev/pts/"),
+        "{text}"
+    );
+    assert!(
+        !result.chunks.is_empty()
+            && result
+                .chunks
+                .iter()
+                .all(|c| c.stream == pb::OutputStream::Pty as i32)
+    );
+
+    // An operation id: a replay answers the same command and output, and it ran once.
+    let once = pb::CommandStartRequest {
+        operation_id: "fg-op-1".into(),
+        ..foreground("echo ran >> once.log; echo done")
+    };
+    let first = client
+        .start_command(once.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let again = client
+        .start_command(once.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.command_id, again.command_id);
+    assert_eq!(again.result.unwrap().stdout, b"done\n");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("once.log")).unwrap(),
+        "ran\n"
+    );
+    let other = pb::CommandStartRequest {
+        command: "echo other".into(),
+        ..once
+    };
+    let refused = client.start_command(other).await.unwrap_err();
+    assert_eq!(code_of(&refused), (Code::Aborted, "conflict".into()));
+
+    // Its own timeout ends it (the template's longest command when 0).
+    let timed = client
+        .start_command(pb::CommandStartRequest {
+            timeout_millis: 300,
+            working_directory: "sub".into(),
+            ..foreground("sleep 30")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(timed.state, pb::CommandState::Succeeded as i32);
+    assert_ne!(timed.state, pb::CommandState::Running as i32);
+    common::release(&mut client, "fg", &env, &claim).await;
     dev.stop().await.unwrap();
 }

@@ -35,9 +35,12 @@ use crate::kube::crd::{
     MAX_RUNNING_COMMANDS,
 };
 
-/// What a detached start asks for beyond its shell text.
+/// What a start through the supervisor asks for beyond its shell text: a detached start, or a
+/// foreground one with what the one-shot helper cannot take ([`Store::run_foreground`]).
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct DetachedStart {
+pub struct SupervisedStart {
+    /// Answer at once (detached) rather than at the command's end (foreground).
+    pub detached: bool,
     /// Shell text for `/bin/sh -c`.
     pub command: String,
     /// Variables for the command only.
@@ -56,10 +59,11 @@ pub struct DetachedStart {
     pub operation_id: Option<String>,
 }
 
-impl fmt::Debug for DetachedStart {
+impl fmt::Debug for SupervisedStart {
     /// Variable values never reach logs or traces.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DetachedStart")
+        f.debug_struct("SupervisedStart")
+            .field("detached", &self.detached)
             .field("command_bytes", &self.command.len())
             .field("env_count", &self.env.len())
             .field("working_dir", &self.working_dir)
@@ -129,14 +133,14 @@ impl Store {
         })
     }
 
-    /// `StartCommand{detach}`: one write adding a `Running` lease under the validated claim,
-    /// then the supervisor's `start`; answers the command as it stands at once. A start the
+    /// A supervised `StartCommand`: one write adding a `Running` lease under the validated
+    /// claim, then the supervisor's `start`; answers the command as it stands at once. A start the
     /// supervisor refuses definitively ends its lease (a second write); one without an answer
     /// stays `Running` until its claim's end seals it.
-    pub async fn start_detached(
+    pub async fn start_supervised(
         &self,
         claim: ValidatedClaim,
-        start: DetachedStart,
+        start: SupervisedStart,
     ) -> Result<CommandView, StoreError> {
         let ValidatedClaim {
             caller,
@@ -207,7 +211,7 @@ impl Store {
                     "too many running commands",
                 ));
             }
-            leases::push(status, leases::new_lease(&id, &rc, true, now));
+            leases::push(status, leases::new_lease(&id, &rc, start.detached, now));
             Ok(Decision::Write(None))
         })
         .await?;
@@ -265,11 +269,24 @@ impl Store {
         }
     }
 
-    /// The template's bounds on a detached start; answers the retained output window.
+    /// The template's longest command, in milliseconds.
+    pub(super) fn longest_command_millis(
+        &self,
+        o: &ExecutionEnvironment,
+    ) -> Result<u64, StoreError> {
+        let env = o.metadata.name.as_deref().unwrap_or_default();
+        let revision = self
+            .templates
+            .retained_revision(&o.spec.template_id, &o.spec.template_revision)
+            .map_err(|_| StoreError::not_ready(env, "template definition unavailable"))?;
+        Ok(revision.execution().max_command_duration_millis())
+    }
+
+    /// The template's bounds on a supervised start; answers the retained output window.
     fn detached_bounds(
         &self,
         o: &ExecutionEnvironment,
-        start: &DetachedStart,
+        start: &SupervisedStart,
     ) -> Result<u64, StoreError> {
         let env = o.metadata.name.as_deref().unwrap_or_default();
         let revision = self
@@ -611,7 +628,7 @@ fn client_command_id(claim_id: &str, operation: &str) -> String {
 
 /// A digest of everything a start asks for (variable values included; it stays in the
 /// supervisor's memory and is never written to the status).
-fn start_digest(start: &DetachedStart) -> String {
+fn start_digest(start: &SupervisedStart) -> String {
     let mut digest = Sha256::new();
     let mut field = |bytes: &[u8]| {
         digest.update((bytes.len() as u64).to_be_bytes());
@@ -629,6 +646,10 @@ fn start_digest(start: &DetachedStart) -> String {
         .pty
         .map(|p| [p.rows.to_be_bytes(), p.cols.to_be_bytes()].concat());
     field(&pty.unwrap_or_default());
+    if !start.detached {
+        // Only foreground starts add a field, so detached digests stay what they were.
+        field(b"foreground");
+    }
     hex::encode(digest.finalize())
 }
 

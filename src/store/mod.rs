@@ -16,6 +16,7 @@ pub mod cas;
 pub mod claims;
 pub mod command_authority;
 mod command_exits;
+mod command_foreground;
 pub mod command_invariants;
 pub mod command_leases;
 pub mod command_reads;

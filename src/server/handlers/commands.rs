@@ -23,7 +23,7 @@ use crate::executor::supervisor_protocol::{CommandSignal, PtySize};
 use crate::server::command_convert;
 use crate::server::limiter::Slot;
 use crate::store::command_reads::CommandFollow;
-use crate::store::commands::DetachedStart;
+use crate::store::commands::SupervisedStart;
 use crate::store::validate::ValidatedClaim;
 
 /// The stream type of [`pb::CommandOutputEvent`] answers.
@@ -79,26 +79,26 @@ impl ProviderService {
         claim: ValidatedClaim,
         r: &pb::CommandStartRequest,
     ) -> Result<Response<pb::CommandStartResponse>, Status> {
-        let start = DetachedStart {
-            command: r.command.clone(),
-            env: r
-                .env
-                .iter()
-                .map(|v| (v.name.clone(), v.value.clone()))
-                .collect(),
-            working_dir: r.working_directory.clone(),
-            timeout_ms: u64::try_from(r.timeout_millis).unwrap_or(0),
-            stdin: r.open_stdin,
-            pty: r.pty.as_ref().and_then(pty_size),
-            operation_id: (!r.operation_id.is_empty()).then(|| r.operation_id.clone()),
-        };
-        let view = self.store.start_detached(claim, start).await?;
-        let status = command_convert::command_view(&view, true);
-        Ok(Response::new(pb::CommandStartResponse {
-            command_id: view.command_id.clone(),
-            state: status.state,
-            result: Some(status),
-        }))
+        let view = self
+            .store
+            .start_supervised(claim, supervised_start(r, true))
+            .await?;
+        Ok(start_answer(&view, true))
+    }
+
+    /// A foreground `StartCommand` with what only the supervisor takes (variables, a working
+    /// directory, a terminal, an operation id): run to its end on this call, answered with its
+    /// retained output as a one-shot command's answer is.
+    pub(super) async fn start_supervised_foreground(
+        &self,
+        claim: ValidatedClaim,
+        r: &pb::CommandStartRequest,
+    ) -> Result<Response<pb::CommandStartResponse>, Status> {
+        let view = self
+            .store
+            .run_foreground(claim, supervised_start(r, false))
+            .await?;
+        Ok(start_answer(&view, false))
     }
 
     pub(super) async fn handle_command_status(
@@ -295,6 +295,37 @@ pub(super) fn start_options_well_formed(r: &pb::CommandStartRequest) -> bool {
         && working_directory_ok(&r.working_directory)
         && r.pty.as_ref().is_none_or(|p| pty_size_ok(p.rows, p.cols))
         && (r.operation_id.is_empty() || crate::server::validate::valid_id(&r.operation_id))
+}
+
+/// The supervisor's start of `r`.
+fn supervised_start(r: &pb::CommandStartRequest, detached: bool) -> SupervisedStart {
+    SupervisedStart {
+        detached,
+        command: r.command.clone(),
+        env: r
+            .env
+            .iter()
+            .map(|v| (v.name.clone(), v.value.clone()))
+            .collect(),
+        working_dir: r.working_directory.clone(),
+        timeout_ms: u64::try_from(r.timeout_millis).unwrap_or(0),
+        stdin: r.open_stdin,
+        pty: r.pty.as_ref().and_then(pty_size),
+        operation_id: (!r.operation_id.is_empty()).then(|| r.operation_id.clone()),
+    }
+}
+
+/// A `StartCommand` answer from the supervisor's view of the command.
+fn start_answer(
+    view: &crate::executor::supervisor_protocol::CommandView,
+    detached: bool,
+) -> Response<pb::CommandStartResponse> {
+    let status = command_convert::command_view(view, detached);
+    Response::new(pb::CommandStartResponse {
+        command_id: view.command_id.clone(),
+        state: status.state,
+        result: Some(status),
+    })
 }
 
 /// Whether the start asks for more than a one-shot foreground command.

@@ -83,11 +83,13 @@ impl ProviderService {
         if r.detach {
             return self.start_detached_command(claim, r).await;
         }
-        if super::commands::needs_supervisor(r) {
-            // A foreground start keeps today's one-shot path, which takes no variables,
-            // directory, stdin or terminal; refusing (nothing written, nothing run) beats
-            // ignoring them.
+        if r.open_stdin {
+            // Nobody could write to a foreground command's stdin before its answer: stdin
+            // needs a detached start (refused with nothing written, nothing run).
             return Err(refuse(ErrorCode::Unimplemented));
+        }
+        if super::commands::needs_supervisor(r) {
+            return self.start_supervised_foreground(claim, r).await;
         }
         let command_id = self.store.new_command_id();
         let mut helper_request = ExecutorRequest::command(command_id.clone(), r.command.clone());
