@@ -3,7 +3,8 @@
 //! real helper as the relay to a real `execution-helper supervise` playing the Pod's main
 //! process. The session enrolls a fresh supervisor with the Pod's derived secret, carries
 //! commands and follows end to end, and refuses a supervisor enrolled with another secret (a
-//! replaced Pod's, another Pod's).
+//! replaced Pod's, another Pod's). The shared supervisor cases (`supervisor_support::cases`)
+//! run here too, every call through the relay.
 
 mod supervisor_support;
 
@@ -24,6 +25,8 @@ use execution_provider::runtime::{SeededIds, clock::OffsetClock};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use supervisor_support::*;
+
+supervisor_cases!(crate::PodWorld::enrolled());
 
 const NAMESPACE: &str = "execution";
 const POD: &str = "executor-supervised";
@@ -107,6 +110,45 @@ impl PodWorld {
 
     async fn session(&self) -> Result<SupervisorSession, TransportError> {
         self.transport().supervisor(&self.target).await
+    }
+
+    /// A world whose supervisor is enrolled through the relay and whose [`Supervised`] calls
+    /// all go through it.
+    async fn enrolled() -> Self {
+        let mut world = Self::new().await;
+        world.session().await.expect("the first session enrolls");
+        world.supervised.source = Some(Box::new(Relayed {
+            transport: world.transport(),
+            target: world.target.clone(),
+        }));
+        world
+    }
+}
+
+impl std::ops::Deref for PodWorld {
+    type Target = Supervised;
+
+    fn deref(&self) -> &Supervised {
+        &self.supervised
+    }
+}
+
+/// Sessions through `pods/exec` and the relay.
+struct Relayed {
+    transport: PodExecutor,
+    target: SupervisorTarget,
+}
+
+impl SessionSource for Relayed {
+    fn open(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = SupervisorSession> + Send + '_>> {
+        Box::pin(async {
+            self.transport
+                .supervisor(&self.target)
+                .await
+                .expect("a session through the relay")
+        })
     }
 }
 

@@ -1,11 +1,14 @@
 //! A real `execution-helper supervise` on a temporary workspace and socket, and the calls the
-//! supervisor tests make to it.
+//! supervisor tests make to it: over its socket, or through a [`SessionSource`] (the
+//! `pods/exec` relay of `tests/supervisor_pod_exec.rs`). The cases both routes run are in
+//! [`cases`].
 
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use execution_provider::executor::SupervisorSession;
 use execution_provider::executor::protocol::{CommandState, ErrorCode, ExecutorError};
 use execution_provider::executor::supervisor_client::{SupervisorConnection, connect_unix};
 use execution_provider::executor::supervisor_protocol::{
@@ -15,7 +18,19 @@ use execution_provider::executor::supervisor_protocol::{
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
 
+#[macro_use]
+pub mod cases;
+
 pub type Connection = SupervisorConnection<OwnedReadHalf, OwnedWriteHalf>;
+
+/// Another way to reach the supervisor than its socket: each call opens an authenticated
+/// session through it.
+pub trait SessionSource: Send + Sync {
+    /// A fresh session, enrolled.
+    fn open(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = SupervisorSession> + Send + '_>>;
+}
 
 /// The secret the tests enroll.
 pub fn secret() -> [u8; 32] {
@@ -38,6 +53,8 @@ pub struct Supervised {
     pub workspace: PathBuf,
     pub socket: String,
     pub child: Child,
+    /// Where the helpers' sessions go instead of the socket (with [`secret`]), when set.
+    pub source: Option<Box<dyn SessionSource>>,
 }
 
 impl Supervised {
@@ -61,6 +78,7 @@ impl Supervised {
             workspace,
             socket,
             child,
+            source: None,
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while std::os::unix::net::UnixStream::connect(&supervised.socket).is_err() {
@@ -97,9 +115,21 @@ impl Supervised {
         self.connect_with(secret()).await
     }
 
-    /// One unary call on a fresh connection.
+    /// A fresh session: through the source when one is set, else the socket with [`secret`].
+    pub async fn open_session(&self) -> SupervisorSession {
+        if let Some(source) = &self.source {
+            return source.open().await;
+        }
+        self.connect().await.boxed()
+    }
+
+    /// One unary call on a fresh session.
     pub async fn call(&self, request: SupervisorRequest) -> SupervisorReply {
-        self.connect().await.call(&request).await.expect("a reply")
+        self.open_session()
+            .await
+            .call(&request)
+            .await
+            .expect("a reply")
     }
 
     /// Starts `command` under `claim` with a 5-minute lease.
@@ -118,7 +148,7 @@ impl Supervised {
     /// Follows a command from `offset` to its end; returns every output frame's chunks and the
     /// final view.
     pub async fn follow(&self, id: &str, claim: &ClaimTuple, offset: u64) -> Followed {
-        let mut connection = self.connect().await;
+        let mut connection = self.open_session().await;
         connection
             .send(&SupervisorRequest::Follow {
                 command_id: id.into(),
