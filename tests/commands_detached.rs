@@ -971,6 +971,32 @@ async fn the_cli_detaches_lists_follows_and_kills_and_a_foreground_exec_streams(
     let id = started["commandId"].as_str().unwrap().to_owned();
     assert!(!started["grant"].as_str().unwrap().is_empty());
 
+    // `--operation-id`: run again under the saved claim, the start answers the same command
+    // and runs nothing more.
+    let once = [
+        "--json",
+        "exec",
+        "--binding",
+        "cli",
+        "--detach",
+        "--operation-id",
+        "cli-once",
+        "--",
+        "echo ran >> once.log",
+    ];
+    let first = cli_json(dev.addr, dir, &once).await;
+    let again = cli_json(dev.addr, dir, &once).await;
+    assert_eq!(first["commandId"], again["commandId"]);
+    eventually(Duration::from_secs(30), "the command's line", || {
+        let log = workspace.join("once.log");
+        async move { std::fs::read_to_string(log).ok().filter(|t| !t.is_empty()) }
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("once.log")).unwrap(),
+        "ran\n"
+    );
+
     // `ps` lists it, running, under the saved claim.
     let listed = cli_json(dev.addr, dir, &["--json", "ps", "--binding", "cli"]).await;
     let row = listed["commands"]

@@ -70,6 +70,11 @@ pub struct ExecArgs {
     /// Give a detached command a stdin pipe, for `client attach`.
     #[arg(long, requires = "detach")]
     pub stdin: bool,
+    /// An id for this start (1 to 128 of `A-Za-z0-9._:-`): the same `exec` run again with it
+    /// under the same claim answers the command it started instead of starting another, so a
+    /// start whose answer was lost can be retried safely.
+    #[arg(long)]
+    pub operation_id: Option<String>,
     /// Lifetime of a claim `exec` takes (30s to 5m); a foreground `exec` renews it as it runs.
     #[arg(long, default_value = "60s", value_parser = super::client::parse_duration)]
     pub ttl: Duration,
@@ -216,8 +221,8 @@ async fn start(
     session: &Session,
     claim: &Claim,
     command: String,
-    timeout: Duration,
-    stdin: bool,
+    (timeout, stdin): (Duration, bool),
+    operation_id: Option<&str>,
 ) -> Result<pb::CommandStartResponse, tonic::Status> {
     let request = pb::CommandStartRequest {
         context: Some(session.context(claim)),
@@ -225,6 +230,7 @@ async fn start(
         timeout_millis: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
         detach: true,
         open_stdin: stdin,
+        operation_id: operation_id.unwrap_or_default().to_owned(),
         ..Default::default()
     };
     Ok(session.rpc().start_command(request).await?.into_inner())
@@ -238,7 +244,14 @@ async fn detach(
     args: &ExecArgs,
     json: bool,
 ) -> anyhow::Result<i32> {
-    let started = start(session, &held.claim, text, args.timeout, args.stdin).await;
+    let started = start(
+        session,
+        &held.claim,
+        text,
+        (args.timeout, args.stdin),
+        args.operation_id.as_deref(),
+    )
+    .await;
     let started = match started {
         Ok(started) => started,
         Err(status) => {
@@ -288,10 +301,20 @@ async fn foreground(
     } else {
         args.timeout
     };
-    let started = match start(session, &held.claim, text.clone(), timeout, false).await {
+    let operation_id = args.operation_id.as_deref();
+    let started = match start(
+        session,
+        &held.claim,
+        text.clone(),
+        (timeout, false),
+        operation_id,
+    )
+    .await
+    {
         Ok(started) => started,
-        Err(status) if status.code() == Code::Unimplemented => {
-            // No supervisor on this executor: today's one-shot command.
+        Err(status) if status.code() == Code::Unimplemented && operation_id.is_none() => {
+            // No supervisor on this executor: today's one-shot command (which cannot be
+            // replayed, so not when an operation id asks for that).
             let result = session.exec(&held.claim, text, args.timeout).await?;
             return Output { json }.one_shot(&result);
         }
