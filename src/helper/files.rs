@@ -150,6 +150,18 @@ pub fn list(ws: &Workspace, path: &Path, limit: usize) -> Result<ExecutorRespons
         }
     }
     names.sort();
+    Ok(ExecutorResponse {
+        entries: listed_entries(&dir, names)?,
+        ..ExecutorResponse::default()
+    })
+}
+
+/// The metadata of each listed name, not followed; a name removed since the listing is left
+/// out.
+fn listed_entries(
+    dir: &cap_std::fs::Dir,
+    names: Vec<std::ffi::OsString>,
+) -> Result<Vec<FileInfo>, HelperError> {
     let mut entries = Vec::with_capacity(names.len());
     for name in names {
         match dir.symlink_metadata(&name) {
@@ -159,10 +171,7 @@ pub fn list(ws: &Workspace, path: &Path, limit: usize) -> Result<ExecutorRespons
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(ExecutorResponse {
-        entries,
-        ..ExecutorResponse::default()
-    })
+    Ok(entries)
 }
 
 /// `file.remove`: one file, link or empty directory; never recursive.
@@ -380,6 +389,20 @@ mod tests {
                 .map(|m| (m.path.as_str(), m.line))
                 .collect::<Vec<_>>(),
             [("dir/f.txt", 1)]
+        );
+    }
+
+    #[test]
+    fn a_name_removed_between_the_listing_and_its_lstat_is_left_out() {
+        let temp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(temp.path()).unwrap();
+        create(&ws, Path::new("kept"), b"k").unwrap();
+        let dir = ws.dir().open_dir(".").unwrap();
+        let names = ["gone", "kept"].map(std::ffi::OsString::from).to_vec();
+        let entries = listed_entries(&dir, names).unwrap();
+        assert_eq!(
+            entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            ["kept"]
         );
     }
 
