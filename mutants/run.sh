@@ -53,7 +53,8 @@ area_definition() {
     helper) # the confined workspace: path resolution, file access, globbing, search
       files=(src/helper/workspace.rs src/helper/files.rs src/helper/glob.rs
         src/helper/search.rs)
-      tests=(--lib) ;;
+      # The conformance cases and the escapes run the (mutated) helper binary itself.
+      tests=(--lib --test helper_conformance --test helper_escapes) ;;
     *) echo "unknown area '$1' (areas: ${AREAS[*]})" >&2; return 2 ;;
   esac
 }

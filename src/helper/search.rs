@@ -281,16 +281,18 @@ mod tests {
     }
 
     #[test]
-    fn a_result_under_6_mib_is_answered_and_a_larger_one_refused() {
+    fn a_result_of_6_mib_is_answered_and_one_byte_more_refused() {
         let (_temp, ws) = workspace();
-        // Each match costs 1,005 encoded bytes: the path `"a"` and a line of 1,000 letters.
+        // Each match costs its JSON-encoded path (`"a"`: 3 bytes) and line (a line of 1,000
+        // letters: 1,002 bytes). 6,260 such matches and one whose line has 151 letters make
+        // exactly 6 MiB (6,291,456 bytes).
         let lines = |n: usize| format!("{}\n", "a".repeat(1000)).repeat(n);
         std::fs::write(ws.root().join("a"), lines(3000)).unwrap();
         std::fs::write(ws.root().join("b"), lines(3000)).unwrap();
-        // 6,000 matches: 6,030,000 bytes, under 6 MiB (6,291,456).
-        assert_eq!(grep(&ws, "a", "", 10_000).unwrap().matches.len(), 6000);
-        // 6,300 matches: 6,331,500 bytes.
-        std::fs::write(ws.root().join("c"), lines(300)).unwrap();
+        let last = |letters: usize| format!("{}{}\n", lines(260), "a".repeat(letters));
+        std::fs::write(ws.root().join("c"), last(151)).unwrap();
+        assert_eq!(grep(&ws, "a", "", 10_000).unwrap().matches.len(), 6261);
+        std::fs::write(ws.root().join("c"), last(152)).unwrap();
         assert!(matches!(
             grep(&ws, "a", "", 10_000),
             Err(HelperError::ResourceExhausted(TOO_MANY_RESULTS))
