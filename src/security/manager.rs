@@ -159,7 +159,14 @@ impl SecurityManager {
     pub async fn refresh(&self) {
         let started_under = self.security.published();
         let read = self.ledger.read().await;
-        self.record_refresh(started_under.as_ref(), read);
+        // Decided under the reload lock: a reload installs only while holding it, so no
+        // install can land between the checks below and the withdrawal they decide (which
+        // would withdraw the authority just installed). A reload stuck longer than the
+        // staleness bound leaves this read unrecorded, as an unreachable ledger does.
+        let locked = tokio::time::timeout(self.settings.staleness, self.reloading.lock()).await;
+        if let Ok(_no_reload) = locked {
+            self.record_refresh(started_under.as_ref(), read);
+        }
     }
 
     /// What [`Self::refresh`] does with a ledger `read` it started while `started_under` was the
