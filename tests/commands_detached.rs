@@ -997,6 +997,33 @@ async fn the_cli_detaches_lists_follows_and_kills_and_a_foreground_exec_streams(
         "ran\n"
     );
 
+    // `--env` and `--workdir` reach the command.
+    std::fs::create_dir(workspace.join("sub")).unwrap();
+    let out = cli(
+        dev.addr,
+        dir,
+        &[
+            "exec",
+            "--binding",
+            "cli",
+            "--env",
+            "GREETING=hi there",
+            "--workdir",
+            "sub",
+            "--",
+            r#"echo "$GREETING"; pwd"#,
+        ],
+    )
+    .output()
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("hi there\n") && stdout.ends_with("/sub\n"),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // `ps` lists it, running, under the saved claim.
     let listed = cli_json(dev.addr, dir, &["--json", "ps", "--binding", "cli"]).await;
     let row = listed["commands"]

@@ -70,6 +70,13 @@ pub struct ExecArgs {
     /// Give a detached command a stdin pipe, for `client attach`.
     #[arg(long, requires = "detach")]
     pub stdin: bool,
+    /// A variable for the command only, `NAME=VALUE` (repeatable); it reaches the command and
+    /// is never stored, listed or logged.
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env_var)]
+    pub env: Vec<EnvVar>,
+    /// The command's working directory, relative to the workspace root.
+    #[arg(long, value_name = "DIR")]
+    pub workdir: Option<String>,
     /// An id for this start (1 to 128 of `A-Za-z0-9._:-`): the same `exec` run again with it
     /// under the same claim answers the command it started instead of starting another, so a
     /// start whose answer was lost can be retried safely.
@@ -81,6 +88,37 @@ pub struct ExecArgs {
     /// The shell command.
     #[arg(required = true, num_args = 1.., trailing_var_arg = true)]
     pub command: Vec<String>,
+}
+
+/// A command variable from `--env NAME=VALUE`; debug output shows its name and size only.
+#[derive(Clone)]
+pub struct EnvVar {
+    name: String,
+    value: String,
+}
+
+impl std::fmt::Debug for EnvVar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}=<{} bytes>", self.name, self.value.len())
+    }
+}
+
+fn parse_env_var(text: &str) -> Result<EnvVar, String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok(EnvVar {
+            name: name.to_owned(),
+            value: value.to_owned(),
+        }),
+        _ => Err("use NAME=VALUE".to_owned()),
+    }
+}
+
+impl ExecArgs {
+    /// Whether the start asks for what only a supervisor can do (a one-shot command cannot
+    /// honour it).
+    fn needs_supervisor(&self) -> bool {
+        self.operation_id.is_some() || !self.env.is_empty() || self.workdir.is_some()
+    }
 }
 
 /// Options of `client logs`.
@@ -222,7 +260,7 @@ async fn start(
     claim: &Claim,
     command: String,
     (timeout, stdin): (Duration, bool),
-    operation_id: Option<&str>,
+    args: &ExecArgs,
 ) -> Result<pb::CommandStartResponse, tonic::Status> {
     let request = pb::CommandStartRequest {
         context: Some(session.context(claim)),
@@ -230,7 +268,16 @@ async fn start(
         timeout_millis: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
         detach: true,
         open_stdin: stdin,
-        operation_id: operation_id.unwrap_or_default().to_owned(),
+        operation_id: args.operation_id.clone().unwrap_or_default(),
+        env: args
+            .env
+            .iter()
+            .map(|v| pb::CommandEnvVar {
+                name: v.name.clone(),
+                value: v.value.clone(),
+            })
+            .collect(),
+        working_directory: args.workdir.clone().unwrap_or_default(),
         ..Default::default()
     };
     Ok(session.rpc().start_command(request).await?.into_inner())
@@ -244,14 +291,7 @@ async fn detach(
     args: &ExecArgs,
     json: bool,
 ) -> anyhow::Result<i32> {
-    let started = start(
-        session,
-        &held.claim,
-        text,
-        (args.timeout, args.stdin),
-        args.operation_id.as_deref(),
-    )
-    .await;
+    let started = start(session, &held.claim, text, (args.timeout, args.stdin), args).await;
     let started = match started {
         Ok(started) => started,
         Err(status) => {
@@ -301,20 +341,11 @@ async fn foreground(
     } else {
         args.timeout
     };
-    let operation_id = args.operation_id.as_deref();
-    let started = match start(
-        session,
-        &held.claim,
-        text.clone(),
-        (timeout, false),
-        operation_id,
-    )
-    .await
-    {
+    let started = match start(session, &held.claim, text.clone(), (timeout, false), args).await {
         Ok(started) => started,
-        Err(status) if status.code() == Code::Unimplemented && operation_id.is_none() => {
-            // No supervisor on this executor: today's one-shot command (which cannot be
-            // replayed, so not when an operation id asks for that).
+        Err(status) if status.code() == Code::Unimplemented && !args.needs_supervisor() => {
+            // No supervisor on this executor: today's one-shot command (which takes no
+            // variables or directory and cannot be replayed, so not when those are asked).
             let result = session.exec(&held.claim, text, args.timeout).await?;
             return Output { json }.one_shot(&result);
         }

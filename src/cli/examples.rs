@@ -21,8 +21,10 @@ execution-provider client run renew --binding my-agent --run-id cli-1a2b --claim
 pub const RUN_RELEASE: &str = "Example (the values `run acquire --json` printed):\n  \
 execution-provider client run release --binding my-agent --run-id cli-1a2b --claim-id 9f3c --epoch 4 --generation 1";
 /// `client exec`.
-pub const EXEC: &str = "Examples (output printed as it is produced; in the background):\n  \
+pub const EXEC: &str = "Examples (output printed as it is produced; with a variable and a directory; in the \
+background):\n  \
 execution-provider client exec --binding my-agent --timeout 30s -- cargo test\n  \
+execution-provider client exec --binding my-agent --env RUST_LOG=debug --workdir app -- cargo run\n  \
 execution-provider client exec --binding my-agent --detach --ttl 5m -- python3 -m http.server 8000";
 /// `client logs`.
 pub const LOGS: &str = "Example (the id `exec --detach` printed):\n  \
