@@ -269,17 +269,25 @@ impl Store {
         }
     }
 
-    /// The template's longest command, in milliseconds.
-    pub(super) fn longest_command_millis(
+    /// The execution settings of the environment's exact template revision.
+    fn execution_spec(
         &self,
         o: &ExecutionEnvironment,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<&crate::templates::ExecutionSpec, StoreError> {
         let env = o.metadata.name.as_deref().unwrap_or_default();
         let revision = self
             .templates
             .retained_revision(&o.spec.template_id, &o.spec.template_revision)
             .map_err(|_| StoreError::not_ready(env, "template definition unavailable"))?;
-        Ok(revision.execution().max_command_duration_millis())
+        Ok(revision.execution())
+    }
+
+    /// The template's longest command, in milliseconds.
+    pub(super) fn longest_command_millis(
+        &self,
+        o: &ExecutionEnvironment,
+    ) -> Result<u64, StoreError> {
+        Ok(self.execution_spec(o)?.max_command_duration_millis())
     }
 
     /// The template's bounds on a supervised start; answers the retained output window.
@@ -289,11 +297,7 @@ impl Store {
         start: &SupervisedStart,
     ) -> Result<u64, StoreError> {
         let env = o.metadata.name.as_deref().unwrap_or_default();
-        let revision = self
-            .templates
-            .retained_revision(&o.spec.template_id, &o.spec.template_revision)
-            .map_err(|_| StoreError::not_ready(env, "template definition unavailable"))?;
-        let spec = revision.execution();
+        let spec = self.execution_spec(o)?;
         if start.command.len() as u64 > spec.max_command_bytes() {
             return Err(StoreError::ResourceExhausted {
                 env: env.to_owned(),

@@ -72,33 +72,23 @@ impl ProviderService {
             .is_ok_and(|client| self.data_plane_context(&client, context, operation).is_ok())
     }
 
-    /// `StartCommand{detach}`: the lease write, the supervisor's start, the id at once; with
-    /// `pty`, the command runs on a terminal of that size.
-    pub(super) async fn start_detached_command(
+    /// A `StartCommand` through the supervisor. With `detach`: the lease write, the
+    /// supervisor's start, the id at once (with `pty`, on a terminal of that size). Without:
+    /// what only the supervisor takes (variables, a working directory, a terminal, an
+    /// operation id), run to its end on this call and answered with its retained output as a
+    /// one-shot command's answer is.
+    pub(super) async fn start_supervised_command(
         &self,
         claim: ValidatedClaim,
         r: &pb::CommandStartRequest,
     ) -> Result<Response<pb::CommandStartResponse>, Status> {
-        let view = self
-            .store
-            .start_supervised(claim, supervised_start(r, true))
-            .await?;
-        Ok(start_answer(&view, true))
-    }
-
-    /// A foreground `StartCommand` with what only the supervisor takes (variables, a working
-    /// directory, a terminal, an operation id): run to its end on this call, answered with its
-    /// retained output as a one-shot command's answer is.
-    pub(super) async fn start_supervised_foreground(
-        &self,
-        claim: ValidatedClaim,
-        r: &pb::CommandStartRequest,
-    ) -> Result<Response<pb::CommandStartResponse>, Status> {
-        let view = self
-            .store
-            .run_foreground(claim, supervised_start(r, false))
-            .await?;
-        Ok(start_answer(&view, false))
+        let start = supervised_start(r, r.detach);
+        let view = if r.detach {
+            self.store.start_supervised(claim, start).await?
+        } else {
+            self.store.run_foreground(claim, start).await?
+        };
+        Ok(start_answer(&view, r.detach))
     }
 
     pub(super) async fn handle_command_status(

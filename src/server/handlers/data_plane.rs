@@ -81,7 +81,7 @@ impl ProviderService {
             return Err(refuse(ErrorCode::InvalidArgument));
         }
         if r.detach {
-            return self.start_detached_command(claim, r).await;
+            return self.start_supervised_command(claim, r).await;
         }
         if r.open_stdin {
             // Nobody could write to a foreground command's stdin before its answer: stdin
@@ -89,7 +89,7 @@ impl ProviderService {
             return Err(refuse(ErrorCode::Unimplemented));
         }
         if super::commands::needs_supervisor(r) {
-            return self.start_supervised_foreground(claim, r).await;
+            return self.start_supervised_command(claim, r).await;
         }
         let command_id = self.store.new_command_id();
         let mut helper_request = ExecutorRequest::command(command_id.clone(), r.command.clone());
