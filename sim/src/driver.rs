@@ -61,6 +61,8 @@ pub(crate) struct Driver<'a> {
     pub(crate) admin: crate::workload::AdminDesk,
     /// Executor nodes the script cut off for good (kept cut through the heal).
     pub(crate) cut_nodes: BTreeSet<String>,
+    /// The largest clock step any replica's clock has accumulated (its absolute value, ms).
+    pub(crate) max_clock_steps_ms: i64,
 }
 
 /// Faults are considered every this many simulated milliseconds.
@@ -157,7 +159,8 @@ impl Driver<'_> {
         if self.chance(self.plan.clock_step_per_sec) && !self.steppers.is_empty() {
             let i = self.rng.random_range(0..self.steppers.len());
             let step = self.rng.random_range(-1_000..=1_000);
-            self.steppers[i].fetch_add(step, Ordering::Relaxed);
+            let stepped = self.steppers[i].fetch_add(step, Ordering::Relaxed) + step;
+            self.max_clock_steps_ms = self.max_clock_steps_ms.max(stepped.abs());
             self.trace
                 .record_at(ms, "world", format!("clock step replica-{i} {step}ms"));
         }
@@ -193,6 +196,8 @@ impl Driver<'_> {
             self.trace
                 .record_at(ms, "world", format!("crash {}", node_host(i)));
             self.sim.crash(node_host(i));
+            // The commands of the node end with it.
+            self.executor.commands().node_crashed(&node_host(i), ms);
             let until = now + Duration::from_millis(self.plan.downtime_ms);
             self.nodes_down.push((i, until));
         }

@@ -30,6 +30,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::memfs::{MemFs, resolve};
+use crate::supervision::CommandLedger;
 use crate::trace::Trace;
 
 pub use crate::memfs::WORKSPACE_ROOT;
@@ -67,6 +68,8 @@ pub struct MemExecutor {
     command_time: Arc<Mutex<Duration>>,
     /// Where commands that run for a while are traced (set with the first command time).
     trace: Arc<Mutex<Option<Trace>>>,
+    /// The lives of the commands the node's supervisors started.
+    commands: CommandLedger,
 }
 
 impl MemExecutor {
@@ -79,7 +82,13 @@ impl MemExecutor {
             latency,
             command_time: Arc::default(),
             trace: Arc::default(),
+            commands: CommandLedger::default(),
         }
+    }
+
+    /// The lives of the commands the node's supervisors started (shared by every clone).
+    pub fn commands(&self) -> CommandLedger {
+        self.commands.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -10,11 +10,13 @@ use execution_provider::kube::crd::ExecutionEnvironment;
 
 use crate::writes::Written;
 
+mod commands;
 mod environment;
 mod history;
 mod runtime;
 pub(crate) use runtime::ledger_entries;
 
+pub use commands::{CLAIM_KILL_BOUND, CommandSlack};
 pub use history::{Acknowledged, History, Incarnation, Revoked};
 
 /// The invariant checker of one run.
@@ -27,6 +29,8 @@ pub struct Checker {
     runtime: runtime::Runtime,
     /// Every operation id some environment version recorded.
     written_operations: BTreeSet<String>,
+    /// The latest expiry any written version gave each claim (simulated ms), by claim id.
+    claim_ends: BTreeMap<String, u128>,
     violations: Vec<String>,
     /// Object versions checked.
     pub versions_checked: u64,
@@ -105,6 +109,7 @@ impl Checker {
         // Keyed by UID: a new incarnation under the same name (deleted, then ensured again)
         // has a version history of its own, and calls acknowledged on the old one are judged
         // against the old one's claims at the end.
+        self.note_claim_expiry(&status);
         let seen = self.seen.entry(uid).or_default();
         let found = environment::judge(&name, &status, seen);
         self.written_operations

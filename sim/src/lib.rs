@@ -31,6 +31,7 @@ pub mod replay;
 mod replica;
 pub mod scenario;
 pub mod script;
+pub mod supervision;
 pub mod trace;
 pub mod workload;
 pub mod world;

@@ -23,17 +23,24 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use execution_provider::executor::pod_relay::enroll_session;
 use execution_provider::executor::protocol::{MAX_JSON_BODY, Operation, command_timeout};
+use execution_provider::executor::supervisor_client::SupervisorConnection;
+use execution_provider::executor::supervisor_protocol::derive_secret;
+use execution_provider::executor::transport::{SessionReader, SessionWriter};
 use execution_provider::executor::transport::{decode_envelope, encode_request};
 use execution_provider::executor::{
     BoxFuture, CancelSignal, ExecutorEnvelope, ExecutorRequest, ExecutorTarget, ExecutorTransport,
-    TransportError,
+    SupervisorSession, SupervisorTarget, TransportError,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::executor::MemExecutor;
+use crate::supervision::NodeSupervisors;
 
 /// The port executor nodes listen on.
 pub const NODE_PORT: u16 = 9443;
@@ -61,32 +68,40 @@ pub fn node_host(i: u32) -> String {
 pub fn add_nodes(sim: &mut turmoil::Sim<'_>, executor: &MemExecutor, count: u32) {
     for i in 0..count {
         let executor = executor.clone();
+        let incarnations = Arc::new(AtomicU64::new(0));
         sim.host(node_host(i), move || {
             let executor = executor.clone();
+            // Each incarnation's supervisors start afresh: a crash ends them and their commands.
+            let life = incarnations.fetch_add(1, Ordering::Relaxed);
+            let supervisors = Arc::new(NodeSupervisors::new(
+                node_host(i),
+                executor.commands(),
+                (u64::from(i) << 32) ^ (life << 48),
+            ));
             async move {
                 let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), NODE_PORT);
                 let listener = turmoil::net::TcpListener::bind(addr).await?;
-                serve(listener, executor, node_host(i)).await?;
+                serve(listener, executor, supervisors).await?;
                 Ok(())
             }
         });
     }
 }
 
-/// Answers every connection `listener` accepts with `executor`, as host `node` (its name in
-/// the trace), until the host stops.
+/// Answers every connection `listener` accepts with `executor` or, for a supervisor session,
+/// the Pod's supervisor in `supervisors`, until the host stops.
 pub async fn serve(
     listener: turmoil::net::TcpListener,
     executor: MemExecutor,
-    node: String,
+    supervisors: Arc<NodeSupervisors>,
 ) -> io::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let executor = executor.clone();
-        let node = node.clone();
+        let supervisors = supervisors.clone();
         tokio::spawn(async move {
             // A broken connection is the caller's problem: it sees no answer.
-            let _ = answer(stream, &executor, &node).await;
+            let _ = answer(stream, &executor, &supervisors).await;
         });
     }
 }
@@ -96,11 +111,19 @@ pub async fn serve(
 async fn answer(
     mut stream: turmoil::net::TcpStream,
     executor: &MemExecutor,
-    node: &str,
+    supervisors: &NodeSupervisors,
 ) -> io::Result<()> {
     let environment = read_frame(&mut stream, MAX_ENVIRONMENT_FRAME).await?;
     let environment = String::from_utf8(environment)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "environment is not UTF-8"))?;
+    if let Some((pod_uid, environment)) = session_of(&environment) {
+        let (reader, writer) = stream.into_split();
+        supervisors
+            .serve(pod_uid, environment, reader, writer)
+            .await;
+        return Ok(());
+    }
+    let node = supervisors.node();
     let frame = read_frame(&mut stream, MAX_REQUEST_FRAME).await?;
     tokio::time::sleep(executor.latency()).await;
     let envelope = match executor.command_time(&frame) {
@@ -149,6 +172,19 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, bytes: &[u8]) ->
     writer.write_all(bytes).await
 }
 
+/// The first frame of a supervisor session: `session <pod uid> <environment>` (an environment
+/// name has no space, so no call's first frame looks like it).
+const SESSION_WORD: &str = "session ";
+
+fn session_frame(pod_uid: &str, environment: &str) -> String {
+    format!("{SESSION_WORD}{pod_uid} {environment}")
+}
+
+/// The Pod UID and environment of a session's first frame.
+fn session_of(frame: &str) -> Option<(&str, &str)> {
+    frame.strip_prefix(SESSION_WORD)?.split_once(' ')
+}
+
 /// The replica's side: runs each helper request on the node that holds the environment's
 /// workspace, over one turmoil TCP connection per call. Build it anywhere; call it inside a
 /// turmoil host.
@@ -157,6 +193,8 @@ pub struct HostedExecutor {
     nodes: u32,
     file_deadline: Duration,
     command_grace: Duration,
+    /// `K_sup`, from which each Pod's supervisor secret derives; none: no supervisor sessions.
+    supervisor_key: Option<Arc<[u8]>>,
 }
 
 impl HostedExecutor {
@@ -167,7 +205,59 @@ impl HostedExecutor {
             nodes,
             file_deadline: CALL_DEADLINE,
             command_grace: COMMAND_GRACE,
+            supervisor_key: None,
         }
+    }
+
+    /// The same transport, opening supervisor sessions enrolled with secrets derived from
+    /// `key` (the production `PodExecutor::with_supervisor_key`).
+    pub fn with_supervisor_key(mut self, key: &[u8]) -> Self {
+        self.supervisor_key = Some(Arc::from(key));
+        self
+    }
+
+    /// Opens an enrolled session with the supervisor of `target`'s Pod on its node.
+    async fn open_session(
+        &self,
+        target: &SupervisorTarget,
+    ) -> Result<SupervisorSession, TransportError> {
+        let Some(key) = &self.supervisor_key else {
+            return Err(TransportError::Unsupported);
+        };
+        let executor = &target.executor;
+        if target.pod_uid.is_empty() || target.pod_uid.contains(' ') {
+            return Err(TransportError::InvalidTarget {
+                reason: "a pod UID is required".to_owned(),
+            });
+        }
+        let secret = derive_secret(
+            key,
+            &executor.namespace,
+            &executor.pod_name,
+            &target.pod_uid,
+        );
+        let node = self.node_for(&executor.environment);
+        let opening = async {
+            let failed =
+                |what: &str, e: io::Error| TransportError::stream(format!("{what} {node}: {e}"));
+            let mut stream = turmoil::net::TcpStream::connect((node.as_str(), NODE_PORT))
+                .await
+                .map_err(|e| failed("connecting to", e))?;
+            let first = session_frame(&target.pod_uid, &executor.environment);
+            write_frame(&mut stream, first.as_bytes())
+                .await
+                .map_err(|e| failed("sending to", e))?;
+            let (reader, writer) = stream.into_split();
+            let reader: SessionReader = Box::new(reader);
+            let writer: SessionWriter = Box::new(writer);
+            let connection = SupervisorConnection::open(reader, writer, secret)
+                .await
+                .map_err(|e| TransportError::stream(format!("supervisor hello: {e}")))?;
+            enroll_session(connection, &secret).await
+        };
+        tokio::time::timeout(self.file_deadline, opening)
+            .await
+            .map_err(|_| TransportError::stream("opening the supervisor session timed out"))?
     }
 
     /// How long the caller waits for `request`: a command's own timeout (the helper's bound
@@ -275,6 +365,13 @@ impl ExecutorTransport for HostedExecutor {
             self.send(&target.environment, &frame, deadline, cancel)
                 .await
         })
+    }
+
+    fn supervisor<'a>(
+        &'a self,
+        target: &'a SupervisorTarget,
+    ) -> BoxFuture<'a, Result<SupervisorSession, TransportError>> {
+        Box::pin(self.open_session(target))
     }
 }
 

@@ -18,7 +18,7 @@ use execution_provider::kube::node_agent::NodeAgent;
 use execution_provider::runtime::SeededIds;
 use execution_provider::templates::TemplateRegistry;
 use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
+use rand::{Rng, RngExt, SeedableRng};
 
 use crate::apifaults::{ApiRates, FaultyApi};
 use crate::authority::SecurityFiles;
@@ -26,7 +26,7 @@ use crate::clock::{SkewedClock, sim_epoch};
 use crate::driver::Driver;
 use crate::executor::MemExecutor;
 use crate::faults::FaultPlan;
-use crate::invariants::Checker;
+use crate::invariants::{Checker, CommandSlack};
 pub(crate) use crate::material::{Material, shared_material};
 use crate::net::serve_http1;
 use crate::node::{HostedExecutor, add_nodes};
@@ -111,6 +111,8 @@ pub struct Report {
     pub sim_secs: f64,
     /// Client calls plus object versions checked.
     pub operations_checked: u64,
+    /// Every command the executor node's supervisors started, with its life.
+    pub commands: Vec<crate::supervision::CommandLife>,
 }
 
 impl Report {
@@ -215,6 +217,7 @@ pub(crate) fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         config.replicas,
         record.clone(),
     );
+    let faults = plan.clone();
     let mut driver = Driver {
         sim,
         rng,
@@ -245,11 +248,38 @@ pub(crate) fn run_scripted(config: &Config, script: &[Scripted]) -> Report {
         kubelet,
         admin,
         cut_nodes: std::collections::BTreeSet::new(),
+        max_clock_steps_ms: 0,
     };
     driver.workload();
     driver.heal(&rates, &executor);
     let (liveness, phase) = driver.liveness(&record.ensured);
+    let end = driver.sim.elapsed().as_millis();
+    let slack = command_slack(&faults, &driver);
+    driver
+        .checker
+        .judge_command_lives(&executor.commands().lives(), slack, end);
     report(driver, liveness, &phase, &record, &executor)
+}
+
+/// What the run adds to a claim's end before a command still running is a violation: how far
+/// a replica's clock could stray (its drawn skew bound, its drift over the run, the steps it
+/// accumulated) and how long the network could hold a message (a held link is released after
+/// a partition's time; a call may meet two holds in a row).
+fn command_slack(plan: &FaultPlan, driver: &Driver<'_>) -> CommandSlack {
+    let elapsed = driver.sim.elapsed().as_millis() as u64;
+    let drift = elapsed.saturating_mul(plan.drift_ppm.unsigned_abs()) / 1_000_000;
+    let clock = plan.skew_ms.unsigned_abs() + drift + driver.max_clock_steps_ms.unsigned_abs();
+    CommandSlack {
+        clock: Duration::from_millis(clock),
+        network: Duration::from_millis(2 * plan.partition_ms + 1_000),
+    }
+}
+
+/// The key each replica's executor transport derives the supervisors' secrets from.
+fn supervisor_key(seed: u64) -> [u8; 32] {
+    let mut key = [0_u8; 32];
+    StdRng::seed_from_u64(seed ^ 0x5afe).fill_bytes(&mut key);
+    key
 }
 
 /// Each template's capacity limit, by id.
@@ -280,7 +310,10 @@ fn add_replicas(
         let executor: Arc<dyn ExecutorTransport> = if EXECUTOR_NODES == 0 {
             Arc::new(executor.clone())
         } else {
-            Arc::new(HostedExecutor::new(EXECUTOR_NODES))
+            Arc::new(
+                HostedExecutor::new(EXECUTOR_NODES)
+                    .with_supervisor_key(&supervisor_key(config.seed)),
+            )
         };
         let replica = Replica {
             index: i,
@@ -326,6 +359,7 @@ fn report(
         sim_secs: driver.sim.elapsed().as_secs_f64(),
         operations_checked: calls + driver.checker.versions_checked,
         trace: driver.trace,
+        commands: executor.commands().lives(),
     }
 }
 

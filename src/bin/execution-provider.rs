@@ -5,7 +5,11 @@ use clap::Parser;
 
 // The simulator's canary features each remove one fencing or recovery mechanism, for its teeth
 // tests only (`sim/canary.sh`); a binary that serves is never built with them.
-#[cfg(any(feature = "sim-canary", feature = "sim-recovery-canary"))]
+#[cfg(any(
+    feature = "sim-canary",
+    feature = "sim-recovery-canary",
+    feature = "sim-supervisor-canary"
+))]
 compile_error!("the sim-canary features are for the simulator's teeth tests only");
 
 #[tokio::main]

@@ -106,12 +106,13 @@ async fn open(
     let connection = SupervisorConnection::open(reader, writer, secret)
         .await
         .map_err(|e| session_failed("hello", e))?;
-    enroll(connection, &secret).await
+    enroll_session(connection, &secret).await
 }
 
 /// Enrolls a fresh supervisor; a supervisor enrolled with our secret is used as it is, one
-/// enrolled with another is refused without our secret being sent.
-async fn enroll(
+/// enrolled with another is refused without our secret being sent. (The simulator's node
+/// transport enrolls through it too.)
+pub async fn enroll_session(
     mut connection: SupervisorSession,
     secret: &[u8; 32],
 ) -> Result<SupervisorSession, TransportError> {

@@ -119,6 +119,7 @@ pub(super) fn judge(
         ));
     }
     operation_admission(name, after, generation, seen, &mut found);
+    command_leases(name, &before, after, seen, &mut found);
     lifecycle(name, &before, after, seen, &mut found);
     let mut bindings = BTreeSet::new();
     for reference in &after.references {
@@ -452,6 +453,33 @@ fn ordinary_admission(
             if !condition(before, "Ready") && !proof {
                 why.push("it was neither Ready nor proven terminated");
             }
+        }
+    }
+}
+
+/// The command leases (docs/commands.md §5.7, [C1]-[C4]): each version and each change from
+/// the one before, judged by the store's own lease invariants; a lease that appears is an
+/// admission under its claim tuple, which acknowledged command starts are judged against
+/// (§10.13).
+fn command_leases(
+    name: &str,
+    before: &ExecutionEnvironmentStatus,
+    after: &ExecutionEnvironmentStatus,
+    seen: &mut Seen,
+    found: &mut Vec<String>,
+) {
+    use execution_provider::store::command_invariants::{transition_violation, violation};
+    let earlier = before.epoch.is_some().then_some(before);
+    if let Some(why) = violation(after).or_else(|| transition_violation(earlier, Some(after))) {
+        found.push(format!("§5.7 {name}: {why}"));
+    }
+    for lease in &after.commands {
+        if !before.commands.iter().any(|l| l.id == lease.id) {
+            seen.operation_claims.insert((
+                lease.claim_id.clone(),
+                lease.epoch,
+                lease.grant_generation,
+            ));
         }
     }
 }

@@ -60,6 +60,27 @@ pub struct Acknowledged {
     pub what: String,
 }
 
+impl Acknowledged {
+    /// A call sent at `sent_ms` under `claim`, described as `what`.
+    pub fn under(claim: &pb::RunClaimResponse, sent_ms: u128, what: String) -> Self {
+        Self {
+            environment: claim
+                .environment
+                .as_ref()
+                .map(Incarnation::of)
+                .unwrap_or_else(|| Incarnation {
+                    name: String::new(),
+                    revision: String::new(),
+                }),
+            claim_id: claim.claim_id.clone(),
+            epoch: claim.epoch,
+            grant_generation: claim.grant_generation,
+            sent_ms,
+            what,
+        }
+    }
+}
+
 /// A revocation a client was told succeeded.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Revoked {

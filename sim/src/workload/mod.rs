@@ -26,6 +26,7 @@ mod admin;
 mod allocation;
 mod claims;
 mod desk;
+mod detached;
 pub use desk::{ADMIN_HOST, AdminCall, AdminDesk};
 pub mod scripted;
 
@@ -132,6 +133,8 @@ struct Binding {
     /// The template of the last ensure tried (an unconfirmed one is retried with it).
     template: Option<pb::TemplateSelector>,
     versions: BTreeMap<String, Vec<u8>>,
+    /// Detached commands started on it, newest last.
+    detached: Vec<detached::Started>,
 }
 
 struct Session {
@@ -353,26 +356,11 @@ impl Session {
     }
 
     fn acknowledge(&self, claim: &pb::RunClaimResponse, sent_ms: u128, what: String) {
-        let environment = claim
-            .environment
-            .as_ref()
-            .map(Incarnation::of)
-            .unwrap_or_else(|| Incarnation {
-                name: String::new(),
-                revision: String::new(),
-            });
         self.record
             .acknowledged
             .lock()
             .expect("acknowledged lock")
-            .push(Acknowledged {
-                environment,
-                claim_id: claim.claim_id.clone(),
-                epoch: claim.epoch,
-                grant_generation: claim.grant_generation,
-                sent_ms,
-                what,
-            });
+            .push(Acknowledged::under(claim, sent_ms, what));
     }
 
     async fn file(&mut self, binding: &str) {
@@ -429,6 +417,9 @@ impl Session {
             1 => format!("exit {}", self.rng.random_range(0..3)),
             _ => "true".to_owned(),
         };
+        if self.side_rng.random_bool(detached::DETACHED_RATE) {
+            return self.detached(binding, claim).await;
+        }
         let request = pb::CommandStartRequest {
             context: Some(self.context(binding, &claim)),
             command: command.clone(),

@@ -42,11 +42,15 @@ pub enum Request {
     /// succeeds, `CommitReference` (as a platform does).
     Ensure(String),
     /// `AcquireRun` on the environment this host's last successful ensure of the binding
-    /// returned (the run id is [`run_id`]); a NOT_FOUND refusal is compared with the refusal
+    /// returned (the run id is [`run_id`], with `-N` added for the host's Nth acquire of the
+    /// binding, as is its operation id); a NOT_FOUND refusal is compared with the refusal
     /// of the same request naming an absent environment (traced ` as absent` or
     /// ` unlike absent (OUTCOME)`), and a definitive refusal's operation id goes to the
     /// history check (§10.6: it must appear nowhere in a stored status).
     Acquire,
+    /// `StartCommand` with `detach` of this command text, under the claim this host's last
+    /// successful acquire of the binding returned (traced `detach ... -> OUTCOME [ID]`).
+    Detach(String),
 }
 
 /// What every scripted host shares.
@@ -63,11 +67,11 @@ pub struct Desk {
 /// Runs one scripted host: each call at its time (simulated, from the start of the run).
 pub async fn run(desk: Desk, mut calls: Vec<(Duration, Call)>) -> turmoil::Result {
     calls.sort_by_key(|(at, _)| *at);
-    let mut environments = BTreeMap::new();
+    let mut held = Held::default();
     for (at, call) in calls {
         let now = turmoil::sim_elapsed().unwrap_or_default();
         tokio::time::sleep(at.saturating_sub(now)).await;
-        desk.make(&call, &mut environments).await;
+        desk.make(&call, &mut held).await;
     }
     Ok(())
 }
@@ -77,6 +81,16 @@ fn owner(subject: &str) -> pb::Owner {
         issuer: "https://issuer.sim".into(),
         subject: subject.to_owned(),
     }
+}
+
+/// What a scripted host's calls returned, by binding: the environment its last successful
+/// ensure returned, the claim its last successful acquire returned, and how many acquires it
+/// made.
+#[derive(Default)]
+struct Held {
+    environments: BTreeMap<String, pb::EnvironmentRef>,
+    claims: BTreeMap<String, pb::RunClaimResponse>,
+    acquires: BTreeMap<String, u32>,
 }
 
 impl Desk {
@@ -105,23 +119,36 @@ impl Desk {
         *self.record.calls.lock().expect("calls lock") += 1;
     }
 
-    async fn make(&self, call: &Call, environments: &mut BTreeMap<String, pb::EnvironmentRef>) {
+    async fn make(&self, call: &Call, held: &mut Held) {
         match &call.request {
             Request::Ensure(template) => {
                 if let Some(env) = self.ensure(call, template).await {
-                    environments.insert(call.binding.clone(), env);
+                    held.environments.insert(call.binding.clone(), env);
                 }
             }
+            Request::Detach(command) => self.detach(call, command, held).await,
             Request::Acquire => {
+                // A later acquire of the same binding is another request: ids of its own.
+                let count = held.acquires.entry(call.binding.clone()).or_default();
+                *count += 1;
+                let again = if *count == 1 {
+                    String::new()
+                } else {
+                    format!("-{count}")
+                };
                 let request = pb::AcquireRunRequest {
-                    environment: environments.get(&call.binding).cloned(),
+                    environment: held.environments.get(&call.binding).cloned(),
                     owner: Some(owner(&call.owner)),
                     binding_id: call.binding.clone(),
-                    operation_id: format!("{}-acquire-{}", call.host, call.binding),
-                    run_id: run_id(&call.host, &call.binding),
+                    operation_id: format!("{}-acquire-{}{again}", call.host, call.binding),
+                    run_id: format!("{}{again}", run_id(&call.host, &call.binding)),
                     ttl_millis: 30_000,
                 };
                 let result = self.client(call).acquire_run(request.clone()).await;
+                if let Ok(claim) = &result {
+                    held.claims
+                        .insert(call.binding.clone(), claim.get_ref().clone());
+                }
                 if definitively_refused(&result) {
                     let mut refused = self.record.refused.lock().expect("refused lock");
                     refused.insert(request.operation_id.clone());
@@ -135,6 +162,45 @@ impl Desk {
                 self.trace(call, "acquire", traced);
             }
         }
+    }
+
+    /// Starts `command` detached under the binding's held claim; an acknowledged start goes
+    /// to the history check as any acknowledged call.
+    async fn detach(&self, call: &Call, command: &str, held: &Held) {
+        let Some(claim) = held.claims.get(&call.binding) else {
+            return self.trace(call, "detach", "no claim held".to_owned());
+        };
+        let request = pb::CommandStartRequest {
+            context: Some(pb::RequestContext {
+                environment: claim.environment.clone(),
+                owner: Some(owner(&call.owner)),
+                binding_id: call.binding.clone(),
+                epoch: claim.epoch,
+                grant: claim.grant.clone(),
+                run_id: claim.run_id.clone(),
+                claim_id: claim.claim_id.clone(),
+                grant_generation: claim.grant_generation,
+            }),
+            command: command.to_owned(),
+            detach: true,
+            ..Default::default()
+        };
+        let sent_ms = turmoil::sim_elapsed().unwrap_or_default().as_millis();
+        let result = self.client(call).start_command(request).await;
+        let mut traced = outcome(&result);
+        if let Ok(started) = &result {
+            traced = format!("{traced} {}", started.get_ref().command_id);
+            self.record
+                .acknowledged
+                .lock()
+                .expect("acknowledged lock")
+                .push(super::Acknowledged::under(
+                    claim,
+                    sent_ms,
+                    format!("detached command `{command}`"),
+                ));
+        }
+        self.trace(call, &format!("detach `{command}`"), traced);
     }
 
     /// §10.5: how a NOT_FOUND refusal compares with the refusal of the same request naming

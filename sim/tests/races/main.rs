@@ -5,6 +5,7 @@
 //! the outcome its race must produce (refusal codes in the trace, the state in a snapshot).
 
 mod cancel;
+mod commands;
 mod fencing;
 mod identity;
 mod ledger;

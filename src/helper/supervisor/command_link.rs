@@ -1,39 +1,123 @@
 //! Starting one command reaper and following it: the supervisor's side of the reaper link
 //! (docs/commands.md §8), and the sweep of orphans a killed reaper leaves behind.
+//!
+//! Where a reaper runs is a seam ([`ReaperHost`]): in an executor it is
+//! `execution-helper reap-command`, a child process on a socketpair ([`ProcessReapers`]); the
+//! simulator's executor node plugs in a model of it that speaks the same [`reaper_wire`]
+//! frames, so that the supervisor's journal, claim deadlines and cancels run there unchanged.
+//!
+//! [`reaper_wire`]: super::reaper_wire
 
 use std::collections::BTreeSet;
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal, WaitOptions};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 
 use super::journal::CommandEntry;
 use super::reaper_wire::{FromReaper, MAX_REAPER_FRAME, ToReaper};
+use crate::executor::BoxFuture;
 use crate::executor::protocol::{ErrorCode, ExecutorError, decode_strict};
-use crate::executor::supervisor_protocol::{read_frame, write_frame};
+use crate::executor::supervisor_protocol::{StartRequest, read_frame, write_frame};
 use crate::helper::reaper::{self, SWEEP_POLL, SWEEP_WINDOW};
 use crate::runtime::Clock;
 
 /// The pids of the live reapers: every other child of the supervisor is an orphan.
 pub type ReaperPids = Arc<Mutex<BTreeSet<i32>>>;
+/// The supervisor's reading side of a reaper link.
+pub type LinkReader = Box<dyn AsyncRead + Send + Unpin>;
+/// The supervisor's writing side of a reaper link.
+pub type LinkWriter = Box<dyn AsyncWrite + Send + Unpin>;
 
-/// A started reaper: the control channel to give its entry, and the task that follows it.
+/// Starts the reaper of each command.
+pub trait ReaperHost: Send + Sync + 'static {
+    /// Starts a reaper for the command `start` asks for (the reaper learns the command itself
+    /// from the link's first frame, [`ToReaper::Start`]).
+    fn launch(&self, start: &StartRequest) -> Result<Launch, ExecutorError>;
+}
+
+/// A started reaper's end, once its link has closed.
+pub trait ReaperLife: Send + 'static {
+    /// The link closed; `ended` says whether the reaper sent its last frame. Kills the reaper
+    /// if it did not, waits until it is gone and, when `sweep`, answers whether every process
+    /// it left behind is gone too (else the answer is not used).
+    fn close(self: Box<Self>, ended: bool, sweep: bool) -> BoxFuture<'static, bool>;
+}
+
+/// A started reaper: the control channel to give its entry, its link and its life.
 pub struct Launch {
     /// Frames to the reaper.
     pub control: mpsc::UnboundedSender<ToReaper>,
     receiver: mpsc::UnboundedReceiver<ToReaper>,
+    reader: LinkReader,
+    writer: LinkWriter,
+    life: Box<dyn ReaperLife>,
+}
+
+impl Launch {
+    /// A reaper reached over `reader` and `writer`, ending as `life` says.
+    pub fn new(reader: LinkReader, writer: LinkWriter, life: Box<dyn ReaperLife>) -> Self {
+        let (control, receiver) = mpsc::unbounded_channel();
+        Launch {
+            control,
+            receiver,
+            reader,
+            writer,
+            life,
+        }
+    }
+}
+
+/// Reapers as child processes: `helper reap-command --workspace root --parent <our pid>` on a
+/// socketpair, registered in `pids`.
+pub struct ProcessReapers {
+    /// The helper binary.
+    pub helper: PathBuf,
+    /// The workspace root.
+    pub root: PathBuf,
+    /// The live reapers.
+    pub pids: ReaperPids,
+}
+
+impl ReaperHost for ProcessReapers {
+    fn launch(&self, _start: &StartRequest) -> Result<Launch, ExecutorError> {
+        launch(&self.helper, &self.root, &self.pids)
+    }
+}
+
+/// One reaper process.
+struct ReaperProcess {
     child: Child,
-    link: tokio::net::UnixStream,
+    pids: ReaperPids,
+}
+
+impl ReaperLife for ReaperProcess {
+    fn close(self: Box<Self>, ended: bool, sweep: bool) -> BoxFuture<'static, bool> {
+        let ReaperProcess { mut child, pids } = *self;
+        Box::pin(async move {
+            let pid = child.id().and_then(|id| i32::try_from(id).ok());
+            if !ended {
+                // The reaper died without its last frame (killed by the workload, or it
+                // failed): its orphans are ours now.
+                let _ = child.start_kill();
+            }
+            let _ = child.wait().await;
+            if let Some(pid) = pid {
+                pids.lock().unwrap_or_else(|e| e.into_inner()).remove(&pid);
+            }
+            sweep && sweep_orphans(&pids, SWEEP_WINDOW).await
+        })
+    }
 }
 
 /// Starts `helper reap-command --workspace root --parent <our pid>` on a socketpair.
-pub fn launch(helper: &Path, root: &Path, pids: &ReaperPids) -> Result<Launch, ExecutorError> {
+fn launch(helper: &Path, root: &Path, pids: &ReaperPids) -> Result<Launch, ExecutorError> {
     let failed = || ExecutorError::new(ErrorCode::Internal, "command could not be started");
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|_| failed())?;
     let theirs_out = theirs.try_clone().map_err(|_| failed())?;
@@ -58,13 +142,16 @@ pub fn launch(helper: &Path, root: &Path, pids: &ReaperPids) -> Result<Launch, E
     drop(live);
     ours.set_nonblocking(true).map_err(|_| failed())?;
     let link = tokio::net::UnixStream::from_std(ours).map_err(|_| failed())?;
-    let (control, receiver) = mpsc::unbounded_channel();
-    Ok(Launch {
-        control,
-        receiver,
+    let (reader, writer) = link.into_split();
+    let life = ReaperProcess {
         child,
-        link,
-    })
+        pids: pids.clone(),
+    };
+    Ok(Launch::new(
+        Box::new(reader),
+        Box::new(writer),
+        Box::new(life),
+    ))
 }
 
 /// Follows the reaper of `entry` until it ended: `started` learns whether the shell runs.
@@ -72,21 +159,20 @@ pub fn follow(
     launch: Launch,
     entry: Arc<CommandEntry>,
     started: oneshot::Sender<Result<(), ExecutorError>>,
-    pids: ReaperPids,
     clock: Arc<dyn Clock>,
 ) {
     let Launch {
         receiver,
-        child,
-        link,
+        reader,
+        writer,
+        life,
         ..
     } = launch;
-    let (reader, writer) = link.into_split();
     tokio::spawn(write_down(writer, receiver));
-    tokio::spawn(read_up(reader, child, entry, started, pids, clock));
+    tokio::spawn(read_up(reader, life, entry, started, clock));
 }
 
-async fn write_down(mut writer: OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<ToReaper>) {
+async fn write_down(mut writer: LinkWriter, mut frames: mpsc::UnboundedReceiver<ToReaper>) {
     while let Some(frame) = frames.recv().await {
         let body = serde_json::to_vec(&frame).expect("reaper frames encode");
         if write_frame(&mut writer, &[&body]).await.is_err() {
@@ -96,11 +182,10 @@ async fn write_down(mut writer: OwnedWriteHalf, mut frames: mpsc::UnboundedRecei
 }
 
 async fn read_up(
-    mut reader: OwnedReadHalf,
-    mut child: Child,
+    mut reader: LinkReader,
+    life: Box<dyn ReaperLife>,
     entry: Arc<CommandEntry>,
     started: oneshot::Sender<Result<(), ExecutorError>>,
-    pids: ReaperPids,
     clock: Arc<dyn Clock>,
 ) {
     let mut started = Some(started);
@@ -135,16 +220,8 @@ async fn read_up(
             }
         }
     }
-    let pid = child.id().and_then(|id| i32::try_from(id).ok());
-    if !ended {
-        // The reaper died without its last frame (killed by the workload, or it failed): its
-        // orphans are ours now.
-        let _ = child.start_kill();
-    }
-    let _ = child.wait().await;
-    if let Some(pid) = pid {
-        pids.lock().unwrap_or_else(|e| e.into_inner()).remove(&pid);
-    }
+    // A reaper that never started its command left nothing to sweep.
+    let proven = life.close(ended, !ended && started.is_none()).await;
     if let Some(started) = started.take() {
         let _ = started.send(Err(ExecutorError::new(
             ErrorCode::Internal,
@@ -153,7 +230,6 @@ async fn read_up(
         return;
     }
     if !ended {
-        let proven = sweep_orphans(&pids, SWEEP_WINDOW).await;
         entry.finish(-1, true, proven, now_ms(&*clock));
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::Instant;
 
-use super::command_link::{self, ReaperPids, now_ms};
+use super::command_link::{self, ProcessReapers, ReaperHost, ReaperPids, now_ms};
 use super::journal::{Admission, CommandEntry, Journal, RunningCall};
 use super::reaper_wire::ToReaper;
 use crate::executor::protocol::{ErrorCode, ExecutorError, MAX_COMMAND_BYTES};
@@ -42,6 +42,7 @@ pub struct Supervisor {
     secret: Mutex<Option<[u8; 32]>>,
     journal: Mutex<Journal>,
     reapers: ReaperPids,
+    reaper_host: Arc<dyn ReaperHost>,
     deadlines: Notify,
 }
 
@@ -66,8 +67,30 @@ fn replayed(entry: &CommandEntry, start: &StartRequest) -> SupervisorReply {
 }
 
 impl Supervisor {
-    /// A fresh, unenrolled supervisor.
+    /// A fresh, unenrolled supervisor whose commands each run under a reaper process.
     pub fn new(helper: PathBuf, root: PathBuf, runtime: Runtime) -> Arc<Self> {
+        let reapers = ReaperPids::default();
+        let host = Arc::new(ProcessReapers {
+            helper: helper.clone(),
+            root: root.clone(),
+            pids: reapers.clone(),
+        });
+        Self::build(helper, root, runtime, reapers, host)
+    }
+
+    /// A fresh, unenrolled supervisor whose reapers `host` starts (the simulator's node). It
+    /// has no helper binary: a one-shot `call` fails to start and is answered as such.
+    pub fn with_reapers(root: PathBuf, runtime: Runtime, host: Arc<dyn ReaperHost>) -> Arc<Self> {
+        Self::build(PathBuf::new(), root, runtime, ReaperPids::default(), host)
+    }
+
+    fn build(
+        helper: PathBuf,
+        root: PathBuf,
+        runtime: Runtime,
+        reapers: ReaperPids,
+        reaper_host: Arc<dyn ReaperHost>,
+    ) -> Arc<Self> {
         let mut boot_id = [0u8; 16];
         runtime.ids.fill(&mut boot_id);
         Arc::new(Self {
@@ -77,7 +100,8 @@ impl Supervisor {
             runtime,
             secret: Mutex::new(None),
             journal: Mutex::new(Journal::default()),
-            reapers: ReaperPids::default(),
+            reapers,
+            reaper_host,
             deadlines: Notify::new(),
         })
     }
@@ -316,7 +340,7 @@ impl Supervisor {
                 }
                 Admission::Admit => {}
             }
-            let launch = match command_link::launch(&self.helper, &self.root, &self.reapers) {
+            let launch = match self.reaper_host.launch(&start) {
                 Ok(launch) => launch,
                 Err(error) => return SupervisorReply::Error(error),
             };
@@ -347,7 +371,6 @@ impl Supervisor {
                 launch,
                 entry.clone(),
                 started_tx,
-                self.reapers.clone(),
                 self.runtime.clock.clone(),
             );
             (entry, started_rx)
@@ -478,6 +501,10 @@ impl Supervisor {
                 expired
             };
             for claim in expired {
+                if cfg!(feature = "sim-supervisor-canary") {
+                    // The simulator's teeth test: the claim's commands run on past its end.
+                    continue;
+                }
                 let supervisor = self.clone();
                 // Detached so that one slow kill does not hold back the next claim's.
                 tokio::spawn(async move { supervisor.end_claim(&claim, CLAIM_KILL_GRACE).await });
