@@ -17,6 +17,36 @@ use supervisor_support::*;
 
 supervisor_cases!(Supervised::enrolled());
 
+/// A list cut at its limit keeps the running commands, then the most recent ends: what a
+/// status write recording the ends it has not seen yet needs (docs/commands.md §5.6).
+#[tokio::test]
+async fn a_list_gives_running_commands_then_the_latest_ends_first() {
+    let s = Supervised::enrolled().await;
+    let c = claim("a");
+    for id in ["op-first", "op-second", "op-third"] {
+        s.start_command(id, &c, "true").await;
+        s.ended(id).await;
+        // Ends at distinct milliseconds, so that their order is theirs.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    s.start_command("op-running", &c, "exec sleep 600").await;
+    let listed = |limit| {
+        s.call(SupervisorRequest::List {
+            claim: c.clone(),
+            limit,
+        })
+    };
+    let SupervisorReply::StatusList { commands } = listed(3).await else {
+        panic!("list refused")
+    };
+    let ids: Vec<&str> = commands.iter().map(|v| v.command_id.as_str()).collect();
+    assert_eq!(ids, ["op-running", "op-third", "op-second"]);
+    let SupervisorReply::StatusList { commands } = listed(0).await else {
+        panic!("list refused")
+    };
+    assert_eq!(commands.len(), 4);
+}
+
 #[tokio::test]
 async fn the_journal_keeps_receipts_and_a_sealed_id_can_never_start() {
     let s = Supervised::enrolled().await;

@@ -10,11 +10,13 @@ use std::time::SystemTime;
 use super::ClaimContext;
 use super::command_leases as leases;
 use crate::executor::protocol::CommandState;
-use crate::executor::supervisor_protocol::{CommandView, SupervisorReply, SupervisorRequest};
+use crate::executor::supervisor_protocol::{
+    CommandView, MAX_LIST, SupervisorReply, SupervisorRequest,
+};
 use crate::executor::transport::SupervisorSession;
 use crate::kube::crd::{
     CommandEndReason, CommandLease, CommandLeaseState, ExecutionEnvironment,
-    ExecutionEnvironmentStatus, MAX_RUNNING_COMMANDS,
+    ExecutionEnvironmentStatus,
 };
 
 /// A lease of `rc`'s claim that the status still has running.
@@ -33,9 +35,12 @@ pub(super) async fn self_ended(
     if !commands.any(|l| running_of(l, rc)) {
         return Vec::new();
     }
+    // The supervisor lists the claim's entries in no particular order (running and finished
+    // alike), so the whole list is asked for: a limit of 16 (the open leases' bound) cut off
+    // commands whose leases were still open once the claim had more entries than that.
     let request = SupervisorRequest::List {
         claim: leases::tuple_of(rc),
-        limit: MAX_RUNNING_COMMANDS as u64,
+        limit: MAX_LIST as u64,
     };
     match session.call(&request).await {
         Ok(SupervisorReply::StatusList { commands }) => commands

@@ -109,6 +109,16 @@ impl CommandEntry {
         self.control.send(frame).is_ok()
     }
 
+    /// When the command ended (Unix ms), `i64::MAX` while it runs.
+    pub fn ended_at_ms(&self) -> i64 {
+        let state = self.lock();
+        if state.state == CommandState::Running {
+            i64::MAX
+        } else {
+            state.ended_at_ms
+        }
+    }
+
     /// Whether the command still runs.
     pub fn is_running(&self) -> bool {
         self.lock().state == CommandState::Running
@@ -394,6 +404,15 @@ impl Journal {
             .filter(|e| e.claim.claim_id == claim_id)
             .cloned()
             .collect()
+    }
+
+    /// The entries of `claim_id` in the order a list gives them: the running ones, then the
+    /// finished ones, most recently ended first (ties by id). A list cut at its limit then
+    /// keeps what a caller recording ends needs most: the ends it has not seen yet.
+    pub fn listed(&self, claim_id: &str) -> Vec<Arc<CommandEntry>> {
+        let mut entries = self.of_claim(claim_id);
+        entries.sort_by_cached_key(|e| (std::cmp::Reverse(e.ended_at_ms()), e.id.clone()));
+        entries
     }
 
     /// Every entry that still runs.

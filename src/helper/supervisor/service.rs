@@ -273,7 +273,7 @@ impl Supervisor {
                 let journal = self.journal();
                 let live = journal.claim_live(&claim.claim_id, self.now());
                 let commands = journal
-                    .of_claim(&claim.claim_id)
+                    .listed(&claim.claim_id)
                     .into_iter()
                     .filter(|e| live && e.claim == claim)
                     .take(limit)
