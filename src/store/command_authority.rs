@@ -444,4 +444,112 @@ mod tests {
         assert_eq!(standing.lapsed.len(), 2);
         assert_eq!(standing.expires_at, None);
     }
+
+    /// A transport no command ever reaches (the executor's end decides without it).
+    struct NoExecutor;
+
+    impl crate::executor::ExecutorTransport for NoExecutor {
+        fn execute<'a>(
+            &'a self,
+            _target: &'a crate::executor::ExecutorTarget,
+            _request: crate::executor::ExecutorRequest,
+            _cancel: crate::executor::CancelSignal,
+        ) -> crate::executor::BoxFuture<
+            'a,
+            Result<crate::executor::ExecutorEnvelope, crate::executor::TransportError>,
+        > {
+            Box::pin(async { Err(crate::executor::TransportError::Unsupported) })
+        }
+    }
+
+    /// §5.5: when the recorded executor Pod, by its exact UID, is terminal, its end is every
+    /// open command's end, written in one CAS guarded on that Pod; another Pod's end, or the
+    /// Pod still running, ends nothing.
+    #[tokio::test]
+    async fn the_recorded_pods_end_ends_every_open_lease_and_another_pods_does_not() {
+        use crate::kube::apiserver::ApiServer;
+        use crate::kube::crd::ObjectIdentity;
+        use crate::runtime::clock::OffsetClock;
+        use crate::runtime::{Runtime, SeededIds};
+        use kube::api::PostParams;
+
+        let clock = Arc::new(OffsetClock::starting_at(at(NOW)));
+        let server = ApiServer::in_memory(clock.clone(), Arc::new(SeededIds::new(1)));
+        let client = server.client("execution");
+        let templates = crate::templates::TemplateRegistry::from_yaml_str(
+            include_str!("../../fixtures/templates.yaml"),
+            "templates.yaml",
+        )
+        .expect("the fixture loads");
+        let runtime = Runtime {
+            clock,
+            ids: Arc::new(SeededIds::new(2)),
+        };
+        let store = Store::new(
+            client.clone(),
+            "execution",
+            Arc::new(templates),
+            Arc::new(NoExecutor),
+            runtime,
+        );
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "execution");
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "executor-x"},
+            "spec": {"containers": [{"name": "executor", "image": "i"}]},
+            "status": {"phase": "Running"}
+        }))
+        .expect("a pod");
+        let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+        let uid = pod.metadata.uid.clone().unwrap();
+        let envs: Api<ExecutionEnvironment> = Api::namespaced(client, "execution");
+        let mut o = env();
+        let recorded = o.status.take();
+        envs.create(&PostParams::default(), &o).await.unwrap();
+        let mut o = envs.get("exec-x").await.unwrap();
+        o.status = recorded;
+        status(&mut o).pod = Some(ObjectIdentity {
+            name: "executor-x".into(),
+            uid: "another-pods-uid".into(),
+        });
+        let o = envs
+            .replace_status("exec-x", &PostParams::default(), &o)
+            .await
+            .unwrap();
+        let open = |o: &ExecutionEnvironment| o.status.as_ref().unwrap().commands[0].state;
+
+        // Another Pod's UID: that Pod's end proves nothing about the recorded one.
+        let mut terminal = pods.get("executor-x").await.unwrap();
+        terminal.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": "Failed",
+                "containerStatuses": [{
+                    "name": "executor", "image": "i", "imageID": "", "ready": false,
+                    "restartCount": 0, "state": {"terminated": {"exitCode": 137}}
+                }]
+            }))
+            .expect("a terminal status"),
+        );
+        pods.replace_status("executor-x", &PostParams::default(), &terminal)
+            .await
+            .unwrap();
+        assert!(!store.end_by_executor_end(&o).await.unwrap());
+        let o = envs.get("exec-x").await.unwrap();
+        assert_eq!(open(&o), CommandLeaseState::Running);
+
+        // The recorded Pod by its exact UID, terminal: every open lease ends in one write.
+        let mut o = o;
+        status(&mut o).pod.as_mut().unwrap().uid = uid;
+        let o = envs
+            .replace_status("exec-x", &PostParams::default(), &o)
+            .await
+            .unwrap();
+        assert!(store.end_by_executor_end(&o).await.unwrap());
+        let ended = envs.get("exec-x").await.unwrap();
+        let lease = &ended.status.as_ref().unwrap().commands[0];
+        assert_eq!(lease.state, CommandLeaseState::Ended, "{lease:?}");
+        assert_eq!(
+            lease.outcome.as_ref().map(|o| o.reason),
+            Some(crate::kube::crd::CommandEndReason::ExecutorReplaced)
+        );
+    }
 }
