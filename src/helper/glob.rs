@@ -367,6 +367,10 @@ mod tests {
         assert!(matches("{x,[}]}", "x"));
         assert!(!matches("{x,[}]}", "]"));
         assert!(matches("a}b", "a}b"));
+        // An escaped comma inside a group is part of its alternative, not a separator.
+        assert!(matches("{a\\,b,c}.txt", "a,b.txt"));
+        assert!(matches("{a\\,b,c}.txt", "c.txt"));
+        assert!(!matches("{a\\,b,c}.txt", "b.txt"));
     }
 
     #[test]
