@@ -12,6 +12,11 @@
 //! the shared [`MemExecutor`] state), so they survive a crash as a disk would; calls in flight
 //! die with the process.
 //!
+//! A connection whose first frame is `session <pod uid> <environment>` is a supervisor session
+//! instead: the node hands it to that Pod's supervisor ([`NodeSupervisors`]), which speaks the
+//! production tagged channel on it; [`HostedExecutor`] opens such sessions enrolled with the
+//! Pod's derived secret, as `pods/exec` does in production.
+//!
 //! Cancellation is the production one (`pods/exec` holding the helper's stdin open for
 //! `command.start`): after its two frames the caller of a command keeps its sending side open,
 //! and closes it (a TCP half-close) when its cancel signal fires, then still waits for the

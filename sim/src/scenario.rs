@@ -48,6 +48,9 @@ pub struct Mix {
     pub lifecycle: u32,
     /// Release the binding's reference.
     pub release_reference: u32,
+    /// Of the command actions, the percentage that start, look at or cancel a detached
+    /// command instead of running a one-shot one.
+    pub detached_percent: u32,
 }
 
 /// A named scenario.
@@ -162,13 +165,17 @@ impl Scenario {
             revoke: 0,
             lifecycle: 0,
             release_reference: 0,
+            detached_percent: 50,
         };
         match self {
             Scenario::RevocationRace => Mix { revoke: 4, ..base },
+            // No detached commands: its canary needs every stale claim's command to reach
+            // dispatch admission (with half of them detached, the canary survived 50 seeds).
             Scenario::StaleEpoch => Mix {
                 acquire: 6,
                 release: 6,
                 files: 8,
+                detached_percent: 0,
                 ..base
             },
             Scenario::LifecycleRace => Mix {

@@ -14,8 +14,6 @@ use rand::RngExt;
 
 use super::{Session, now_ms, outcome};
 
-/// The chance that a command action starts or looks at a detached command instead.
-pub(super) const DETACHED_RATE: f64 = 0.5;
 /// How long a look follows a command's output before it lets go.
 const FOLLOW_FOR: std::time::Duration = std::time::Duration::from_secs(3);
 /// The most detached commands a binding remembers (the oldest is forgotten).

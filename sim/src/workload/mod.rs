@@ -417,7 +417,13 @@ impl Session {
             1 => format!("exit {}", self.rng.random_range(0..3)),
             _ => "true".to_owned(),
         };
-        if self.side_rng.random_bool(detached::DETACHED_RATE) {
+        // No draw at 0%, so that such a scenario's side stream stays as it was.
+        let detached = self.spec.mix.detached_percent;
+        if detached > 0
+            && self
+                .side_rng
+                .random_bool(f64::from(detached.min(100)) / 100.0)
+        {
             return self.detached(binding, claim).await;
         }
         let request = pb::CommandStartRequest {
