@@ -13,8 +13,10 @@ use execution_provider::api::pb;
 use execution_provider::cli::dev::{DEV_NAMESPACE, DevProvider};
 use execution_provider::kube::crd::pod_name;
 use execution_provider::reconciler::pod::pod_terminal;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
+use kube::api::{WatchEvent, WatchParams};
+use kube::{Api, ResourceExt};
 
 /// The processes whose command line has `needle` as one of its arguments (or inside one).
 fn processes_naming(needle: &str) -> Vec<i32> {
@@ -59,8 +61,8 @@ fn workload(mark: &str) -> Vec<i32> {
 }
 
 /// Starts a detached command whose `sleep` double-forks out of its process group, deletes the
-/// executor Pod through the API server, and checks that when the Pod is first seen terminated
-/// neither the workload nor any process naming the environment (its holder, its supervisor)
+/// executor Pod through the API server, and checks that when the Pod's first terminal version
+/// is seen (watched, so that a short-lived one is not missed) neither the workload nor any process naming the environment (its holder, its supervisor)
 /// is left.
 /// `mark` is the argument of the workload's `sleep`, unique to each test.
 async fn a_deleted_pod_is_terminated_only_once_its_processes_are_gone(
@@ -95,17 +97,30 @@ async fn a_deleted_pod_is_terminated_only_once_its_processes_are_gone(
     assert!(!holders.is_empty(), "the environment's holder runs");
 
     let pods = Api::<Pod>::namespaced(dev.kube.clone(), DEV_NAMESPACE);
-    let pod = pod_name(&env.id);
-    pods.delete(&pod, &Default::default()).await.unwrap();
-    eventually(
-        Duration::from_secs(30),
-        "the Pod reported terminated",
-        || {
-            let (pods, pod) = (pods.clone(), pod.clone());
-            async move { pod_terminal(&pods.get(&pod).await.ok()?).then_some(()) }
-        },
-    )
-    .await;
+    let pod = pods.get(&pod_name(&env.id)).await.unwrap();
+    let uid = pod.metadata.uid.clone().unwrap();
+    // Every later version of the Pod, watched from the one read: the terminal one may live
+    // only a moment (the automatic recovery removes the Pod and starts its replacement).
+    let version = pod.metadata.resource_version.clone().unwrap();
+    let params = WatchParams::default().fields(&format!("metadata.name={}", pod.name_any()));
+    let mut versions = pods.watch(&params, &version).await.unwrap().boxed();
+    pods.delete(&pod.name_any(), &Default::default())
+        .await
+        .unwrap();
+    let first_terminal = async {
+        while let Some(event) = versions.try_next().await.unwrap() {
+            if let WatchEvent::Modified(seen) | WatchEvent::Deleted(seen) = event
+                && seen.metadata.uid.as_deref() == Some(uid.as_str())
+                && pod_terminal(&seen)
+            {
+                return;
+            }
+        }
+        panic!("the Pod watch ended before the Pod was reported terminated");
+    };
+    tokio::time::timeout(Duration::from_secs(30), first_terminal)
+        .await
+        .expect("the Pod is reported terminated within 30 s");
     for pid in &before {
         assert!(
             !std::path::Path::new(&format!("/proc/{pid}")).exists(),
