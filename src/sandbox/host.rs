@@ -17,9 +17,10 @@ use rustix::mount::{MountFlags, MountPropagationFlags};
 use rustix::process::{Gid, Uid};
 
 use super::cgroup::PidsCgroup;
+use super::fork::Forked;
+use super::namespaces;
 use super::{
-    Handoff, ROOT_PROVIDER_SANDBOX_ID, SandboxSpec, SetupError, Stage, Step as _, forward_status,
-    stage_args,
+    Handoff, ROOT_PROVIDER_SANDBOX_ID, SandboxSpec, SetupError, Step as _, forward_status,
 };
 
 /// Where a root provider's host stage binds the workspace for the inner stages.
@@ -89,30 +90,32 @@ fn run_in_cgroup(
 ) -> Result<ExitCode, SetupError> {
     let helper = std::env::current_exe().step("finding this program's binary")?;
     let (workspace, helper) = prepare_workspace(&spec.workspace, &helper, ids)?;
-    // The child's ends stay open across execve; ours are close-on-exec.
+    // Stage 2 is a fork of this stage: it keeps its ends and the listener, and drops ours.
     let (unshared_read, unshared_write) = rustix::pipe::pipe().step("creating a pipe")?;
     let (mapped_read, mapped_write) = rustix::pipe::pipe().step("creating a pipe")?;
-    for ours in [&unshared_read, &mapped_write] {
-        rustix::io::fcntl_setfd(ours, FdFlags::CLOEXEC).step("creating a pipe")?;
+    for fd in [&unshared_read, &unshared_write, &mapped_read, &mapped_write] {
+        rustix::io::fcntl_setfd(fd, FdFlags::CLOEXEC).step("creating a pipe")?;
     }
     let handoff = Handoff {
         workspace,
         helper,
-        unshared_fd: unshared_write.as_raw_fd(),
-        mapped_fd: mapped_read.as_raw_fd(),
         host_pid: std::process::id() as i32,
         pids_cgroup,
         listener_fd: listener.as_ref().map(|l| l.as_raw_fd()),
     };
-    let mut child = std::process::Command::new("/proc/self/exe")
-        .args(stage_args(
-            Stage::UserNamespace,
-            spec,
-            Some(&handoff),
-            inner,
-        ))
-        .spawn()
-        .step("starting the user-namespace stage")?;
+    let step = "starting the user-namespace stage";
+    let child = match super::fork::fork_single_threaded(step)? {
+        Forked::Child => {
+            drop((unshared_read, mapped_write));
+            let ends = namespaces::HostEnds {
+                unshared: unshared_write.into(),
+                mapped: mapped_read.into(),
+            };
+            // Ends here, never returning into this stage's frames (its cgroup and its end).
+            super::exit_stage(namespaces::run(spec, &handoff, ends, listener, inner))
+        }
+        Forked::Parent(child) => child,
+    };
     // The sandbox holds the listener from here; this stage's copy would keep it open after
     // the init ended.
     drop((unshared_write, mapped_read, listener));
@@ -122,10 +125,10 @@ fn run_in_cgroup(
         .unwrap_or(0)
         == 1;
     if unshared {
-        let mapped = write_id_maps(child.id(), ids);
+        let mapped = write_id_maps(child.as_raw_nonzero().get() as u32, ids);
         if let Err(error) = mapped {
-            let _ = child.kill();
-            let _ = child.wait();
+            super::fork::kill(child);
+            let _ = super::fork::wait(child, "waiting for the sandbox");
             return Err(error);
         }
         // If the child is gone the write fails and its wait below tells.
@@ -133,7 +136,7 @@ fn run_in_cgroup(
     } else {
         drop(mapped_write);
     }
-    let status = child.wait().step("waiting for the sandbox")?;
+    let status = super::fork::wait(child, "waiting for the sandbox")?;
     Ok(forward_status(status))
 }
 

@@ -1,8 +1,8 @@
 //! Descriptors one sandbox stage leaves open across `execve` for the next one.
 //!
-//! The stages are separate processes (each a fresh `execve` of the same program), so the only
-//! way to hand a pipe or the workspace directory down is an inherited descriptor whose number
-//! travels in the handoff. Taking ownership of such a number is the one `unsafe` operation of
+//! The init stage is a fresh `execve` of the same program (stage 2, a fork of stage 1, owns
+//! its descriptors already), so the only way to hand it the listening socket is an inherited
+//! descriptor whose number travels in the handoff. Taking ownership of such a number is the one `unsafe` operation of
 //! the crate; it is confined here and checked.
 #![allow(unsafe_code)]
 

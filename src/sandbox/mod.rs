@@ -3,10 +3,11 @@
 //!
 //! On a cluster the container runtime isolates the executor Pod. In `dev` the helper does it
 //! itself, with the same kernel mechanisms a runtime uses, in three stages of one program
-//! (`execution-helper`), each a fresh process:
+//! (`execution-helper`), each its own process (stage 1 and stage 3 fresh `execve`s, stage 2 a
+//! fork of stage 1, so that the two share their pages):
 //!
 //! 1. **host** ([`host`]): still on the host with the provider's credentials. Joins a pids
-//!    cgroup of its own, opens the workspace, starts stage 2, writes its uid and gid maps,
+//!    cgroup of its own, opens the workspace, forks stage 2, writes its uid and gid maps,
 //!    waits for it and forwards its exit status.
 //! 2. **userns** ([`namespaces`]): enters a new user namespace first (so that an unprivileged
 //!    provider can do everything that follows), becomes root of it, then unshares the mount,
@@ -24,6 +25,7 @@
 
 pub mod cgroup;
 pub mod confine;
+mod fork;
 pub mod host;
 mod inherited;
 pub mod landlock_rules;
@@ -130,10 +132,6 @@ pub struct Handoff {
     /// Where the inner stages find the workspace directory (in their mount namespace, which
     /// starts as a copy of the host stage's).
     pub workspace: PathBuf,
-    /// Stage 2 writes one byte here once it is in its user namespace.
-    pub unshared_fd: i32,
-    /// Stage 1 writes one byte here once the id maps are written.
-    pub mapped_fd: i32,
     /// The pid of the host stage (stage 2's parent).
     pub host_pid: i32,
     /// Whether a pids cgroup bounds the sandbox (otherwise `RLIMIT_NPROC` does).
@@ -150,10 +148,8 @@ pub struct Handoff {
 /// A sandbox stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
-    /// Stage 1, on the host.
+    /// Stage 1, on the host (stage 2 is its fork, never started by name).
     Host,
-    /// Stage 2, in the new user namespace.
-    UserNamespace,
     /// Stage 3, PID 1 of the sandbox.
     Init,
     /// No sandbox: the plain holder of an unisolated environment ([`reaping::run_plain`]).
@@ -164,14 +160,13 @@ impl Stage {
     fn name(self) -> &'static str {
         match self {
             Stage::Host => "host",
-            Stage::UserNamespace => "userns",
             Stage::Init => "init",
             Stage::Plain => "plain",
         }
     }
 
     fn parse(name: &OsStr) -> Option<Stage> {
-        [Stage::Host, Stage::UserNamespace, Stage::Init, Stage::Plain]
+        [Stage::Host, Stage::Init, Stage::Plain]
             .into_iter()
             .find(|stage| name == stage.name())
     }
@@ -289,6 +284,18 @@ pub fn enter(args: Vec<OsString>) -> Entered {
     }
 }
 
+/// Ends a forked stage with `result`: its status, or [`SETUP_FAILED`] with the failure on
+/// stderr (as [`enter`] reports it).
+pub(crate) fn exit_stage(result: Result<u8, SetupError>) -> ! {
+    match result {
+        Ok(code) => std::process::exit(code.into()),
+        Err(error) => {
+            eprintln!("execution-helper sandbox: {error}");
+            std::process::exit(SETUP_FAILED.into())
+        }
+    }
+}
+
 fn run_stage(args: Vec<OsString>) -> Result<Entered, SetupError> {
     let mut args = args.into_iter();
     let usage = || SetupError::new("arguments", "not a sandbox stage invocation");
@@ -311,9 +318,6 @@ fn run_stage(args: Vec<OsString>) -> Result<Entered, SetupError> {
     match (stage, handoff) {
         (Stage::Host, _) => host::run(&spec, &inner).map(Entered::Exit),
         (Stage::Plain, _) => reaping::run_plain(&spec, &inner).map(Entered::Exit),
-        (Stage::UserNamespace, Some(handoff)) => {
-            namespaces::run(&spec, &handoff, &inner).map(Entered::Exit)
-        }
         (Stage::Init, Some(handoff)) => {
             let listener = handoff
                 .listener_fd
@@ -354,11 +358,16 @@ fn init(spec: &SandboxSpec, handoff: &Handoff) -> Result<(), SetupError> {
 
 /// The exit code that reports a child's `status` to our parent (128 + signal when killed).
 pub(crate) fn forward_status(status: std::process::ExitStatus) -> ExitCode {
+    ExitCode::from(forwarded_code(status))
+}
+
+/// [`forward_status`] as a number.
+pub(crate) fn forwarded_code(status: std::process::ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt as _;
     match (status.code(), status.signal()) {
-        (Some(code), _) => ExitCode::from(code.clamp(0, 255) as u8),
-        (None, Some(signal)) => ExitCode::from((128 + signal).clamp(0, 255) as u8),
-        (None, None) => ExitCode::from(SETUP_FAILED),
+        (Some(code), _) => code.clamp(0, 255) as u8,
+        (None, Some(signal)) => (128 + signal).clamp(0, 255) as u8,
+        (None, None) => SETUP_FAILED,
     }
 }
 
@@ -371,17 +380,15 @@ mod tests {
         let spec = SandboxSpec::new("/srv/ws/exec-a", "exec-a");
         let handoff = Handoff {
             workspace: "/tmp/workspace".into(),
-            unshared_fd: 4,
-            mapped_fd: 5,
             host_pid: 42,
             pids_cgroup: true,
             helper: "/tmp/execution-helper".into(),
             listener_fd: Some(6),
         };
         let inner: Vec<OsString> = vec!["--workspace".into(), "/workspace".into()];
-        let args = stage_args(Stage::UserNamespace, &spec, Some(&handoff), &inner);
+        let args = stage_args(Stage::Init, &spec, Some(&handoff), &inner);
         assert!(is_stage(&args));
-        assert_eq!(Stage::parse(&args[1]), Some(Stage::UserNamespace));
+        assert_eq!(Stage::parse(&args[1]), Some(Stage::Init));
         let decoded: SandboxSpec = decode(Some(args[2].clone()), "spec").unwrap();
         assert_eq!(decoded, spec);
         let decoded: Handoff = decode(Some(args[3].clone()), "handoff").unwrap();
@@ -397,5 +404,7 @@ mod tests {
         assert!(bad(&[STAGE_FLAG]));
         assert!(bad(&[STAGE_FLAG, "nope", "{}", "--"]));
         assert!(bad(&[STAGE_FLAG, "init", "{}", "--"]));
+        // Stage 2 is a fork of stage 1, never started by name.
+        assert!(bad(&[STAGE_FLAG, "userns", "{}", "{}", "--"]));
     }
 }

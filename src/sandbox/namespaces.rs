@@ -1,31 +1,35 @@
-//! Stage 2 of the sandbox: a new user namespace first (so an unprivileged provider can create
-//! the others), root of it once stage 1 has mapped the ids, then the mount, PID, IPC, UTS,
-//! cgroup and network namespaces, and stage 3 as PID 1 of the new PID namespace.
+//! Stage 2 of the sandbox, a fork of stage 1 ([`super::fork`]): a new user namespace first (so
+//! an unprivileged provider can create the others), root of it once stage 1 has mapped the ids,
+//! then the mount, PID, IPC, UTS, cgroup and network namespaces, and stage 3 as PID 1 of the
+//! new PID namespace.
 
 use std::io::{Read as _, Write as _};
-use std::process::ExitCode;
 
 use nix::sched::CloneFlags;
 use rustix::process::{Gid, Signal, Uid};
 
-use super::inherited;
 use super::{
-    Handoff, Network, SandboxSpec, SetupError, Stage, Step as _, forward_status, stage_args,
+    Handoff, Network, SandboxSpec, SetupError, Stage, Step as _, forwarded_code, stage_args,
 };
 
-/// Runs stage 2 and returns the sandbox's exit status.
+/// Stage 2's ends of the pipes it shares with stage 1.
+pub struct HostEnds {
+    /// Stage 2 writes one byte here once it is in its user namespace.
+    pub unshared: std::fs::File,
+    /// Stage 1 writes one byte here once the id maps are written.
+    pub mapped: std::fs::File,
+}
+
+/// Runs stage 2 and returns the sandbox's exit code. `listener` (inheritable) is the init's;
+/// this stage's copy is closed once the init runs.
 pub fn run(
     spec: &SandboxSpec,
     handoff: &Handoff,
+    ends: HostEnds,
+    listener: Option<std::os::fd::OwnedFd>,
     inner: &[std::ffi::OsString],
-) -> Result<ExitCode, SetupError> {
-    let unshared = std::fs::File::from(inherited::take(handoff.unshared_fd, "the handoff")?);
-    let mapped = std::fs::File::from(inherited::take(handoff.mapped_fd, "the handoff")?);
-    // Inherited by the init; this stage's copy is closed once the init runs.
-    let listener = handoff
-        .listener_fd
-        .map(|fd| inherited::take(fd, "the listening socket"))
-        .transpose()?;
+) -> Result<u8, SetupError> {
+    let HostEnds { unshared, mapped } = ends;
     if rustix::process::geteuid().is_root() {
         // The host root's supplementary groups would otherwise follow into the sandbox.
         rustix::thread::set_thread_groups(&[]).step("dropping supplementary groups")?;
@@ -60,7 +64,7 @@ pub fn run(
         .step("starting the sandbox init")?;
     drop(listener);
     let status = init.wait().step("waiting for the sandbox init")?;
-    Ok(forward_status(status))
+    Ok(forwarded_code(status))
 }
 
 /// The namespaces besides the user namespace: all of them, and the network's unless the
