@@ -273,6 +273,10 @@ pub struct Usage {
     pub rss_kib: u64,
     /// Their proportional set size: shared pages divided among the processes sharing them.
     pub pss_kib: u64,
+    /// Their resident pages counted once each however many of them map it (by page frame
+    /// number); `None` where `/proc/PID/pagemap` hides frame numbers (they need
+    /// `CAP_SYS_ADMIN`).
+    pub resident_kib: Option<u64>,
     /// CPU time (user + system) of all its processes, reaped children included.
     pub cpu: Duration,
     /// How many processes it has.
@@ -307,9 +311,63 @@ pub fn usage(root: u32) -> Usage {
     Usage {
         rss_kib: all.iter().map(|&p| kib(p, "status", "VmRSS:")).sum(),
         pss_kib: all.iter().map(|&p| kib(p, "smaps_rollup", "Pss:")).sum(),
+        resident_kib: resident_once(&all),
         cpu: Duration::from_secs_f64(ticks as f64 / TICKS),
         processes: all.len(),
     }
+}
+
+/// The resident memory of `pids` with every page counted once: the distinct page frames
+/// their mappings have present. `None` when the frame numbers read as 0 (no `CAP_SYS_ADMIN`).
+fn resident_once(pids: &[u32]) -> Option<u64> {
+    use std::os::unix::fs::FileExt as _;
+    const PAGE: u64 = 4096;
+    const PRESENT: u64 = 1 << 63;
+    const FRAME: u64 = (1 << 55) - 1;
+    let mut frames = std::collections::BTreeSet::new();
+    let mut present = 0u64;
+    for &pid in pids {
+        let (Ok(maps), Ok(pagemap)) = (
+            std::fs::read_to_string(format!("/proc/{pid}/maps")),
+            std::fs::File::open(format!("/proc/{pid}/pagemap")),
+        ) else {
+            continue; // the process ended meanwhile
+        };
+        for line in maps.lines() {
+            let Some((start, end)) = line
+                .split_whitespace()
+                .next()
+                .and_then(|range| range.split_once('-'))
+                .and_then(|(a, b)| {
+                    Some((
+                        u64::from_str_radix(a, 16).ok()?,
+                        u64::from_str_radix(b, 16).ok()?,
+                    ))
+                })
+            else {
+                continue;
+            };
+            let mut page = start / PAGE;
+            while page < end / PAGE {
+                let count = (end / PAGE - page).min(8192);
+                let mut entries = vec![0u8; (count * 8) as usize];
+                if pagemap.read_exact_at(&mut entries, page * 8).is_err() {
+                    break; // [vsyscall] and the like
+                }
+                for entry in entries.chunks_exact(8) {
+                    let entry = u64::from_le_bytes(entry.try_into().expect("8 bytes"));
+                    if entry & PRESENT != 0 {
+                        present += 1;
+                        frames.insert(entry & FRAME);
+                    }
+                }
+                page += count;
+            }
+        }
+    }
+    // Without the capability every present page reads as frame 0.
+    (present == 0 || frames.len() > 1 || !frames.contains(&0))
+        .then_some(frames.len() as u64 * PAGE / 1024)
 }
 
 /// The CPU time of this benchmark process (the clients).
