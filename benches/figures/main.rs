@@ -186,19 +186,28 @@ fn breakdown(
             &[&o]
         )),
     ));
-    let mut verbs: Vec<String> = after
+    let mut requests: Vec<(String, String)> = after
         .series("execution_provider_kube_api_request_duration_seconds_count")
         .iter()
-        .map(|(labels, _)| label(labels, "verb").to_owned())
+        .map(|(labels, _)| {
+            (
+                label(labels, "verb").to_owned(),
+                label(labels, "resource").to_owned(),
+            )
+        })
         .collect();
-    verbs.sort();
-    verbs.dedup();
+    requests.sort();
+    requests.dedup();
     let mut writes = 0.0;
-    for verb in verbs {
-        let v = format!("verb=\"{verb}\"");
+    for (verb, resource) in requests {
+        let selector = [
+            format!("verb=\"{verb}\""),
+            format!("resource=\"{resource}\""),
+        ];
+        let selector = [selector[0].as_str(), selector[1].as_str()];
         let count = per(delta(
             "execution_provider_kube_api_request_duration_seconds_count",
-            &[&v],
+            &selector,
         ));
         if count < 0.005 {
             continue;
@@ -207,10 +216,10 @@ fn breakdown(
             writes += count;
         }
         lines.push(format!(
-            "  API server `{verb}`: {count:.2} per call, {:.2} ms per call",
+            "  API server `{verb} {resource}`: {count:.2} per call, {:.2} ms per call",
             per(delta(
                 "execution_provider_kube_api_request_duration_seconds_sum",
-                &[&v]
+                &selector
             )) * 1e3
         ));
     }
