@@ -32,6 +32,6 @@ ENV TMPDIR=/tmp
 ENV PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 USER 65532:65532
 WORKDIR /workspace
-# The idle shell the Pod runs (the reconciler sets the same command); every request is a
-# separate `pods/exec` of /mecatl-executor.
-ENTRYPOINT ["/bin/sh", "-c", "trap : TERM INT; sleep infinity & wait"]
+# The supervisor is the Pod's main process (the reconciler sets the same command,
+# docs/commands.md §2); every request is a `pods/exec` of /mecatl-executor that reaches it.
+ENTRYPOINT ["/mecatl-executor", "supervise"]

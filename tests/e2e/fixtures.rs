@@ -31,14 +31,18 @@ pub fn executor_image() -> String {
 
 /// The `execution:` block of the suite's template.
 pub fn execution_yaml() -> String {
+    execution_yaml_for(&executor_image(), &storage_class(), RUNTIME_CLASS)
+}
+
+/// An `execution:` block with the suite's limits and the given image, storage class and
+/// RuntimeClass.
+pub fn execution_yaml_for(image: &str, class: &str, runtime_class: &str) -> String {
     format!(
         "image: {image}\nstorageClass: {class}\nstorageSize: 1Gi\ncpuRequest: 50m\ncpuLimit: \"1\"\n\
          memoryRequest: 64Mi\nmemoryLimit: 512Mi\nephemeralStorageRequest: 64Mi\n\
-         ephemeralStorageLimit: 1Gi\ntmpSizeLimit: 64Mi\nruntimeClassName: {RUNTIME_CLASS}\n\
+         ephemeralStorageLimit: 1Gi\ntmpSizeLimit: 64Mi\nruntimeClassName: {runtime_class}\n\
          maxFileBytes: 5242880\nmaxCommandBytes: 1048576\nmaxCommandDuration: 1m\n\
          maxEnvironments: 20\n",
-        image = executor_image(),
-        class = storage_class(),
     )
 }
 
@@ -65,7 +69,12 @@ fn template_yaml(id: &str, description: &str, execution: &str) -> String {
 /// The suite's template catalogue, with the revision keys the crate computes: `default`
 /// (automatic recovery, the default) and [`MANUAL_TEMPLATE`].
 pub fn templates_yaml() -> String {
-    let execution = execution_yaml();
+    templates_yaml_for(&execution_yaml())
+}
+
+/// A catalogue of `default` and [`MANUAL_TEMPLATE`] over one `execution:` block.
+pub fn templates_yaml_for(execution: &str) -> String {
+    let execution = execution.to_owned();
     let manual = format!("{execution}recovery: manual\n");
     format!(
         "templates:\n{}{}",
@@ -84,10 +93,11 @@ pub struct ProviderFiles {
 }
 
 impl ProviderFiles {
-    /// Creates them in the empty or absent directory `dir`.
-    pub fn create(dir: &Path) -> Self {
+    /// Creates them in the empty or absent directory `dir`, with the template catalogue
+    /// `templates` (a [`templates_yaml_for`]).
+    pub fn create(dir: &Path, templates: &str) -> Self {
         let state = StateDir::open_or_init(dir).expect("a fresh state directory");
-        std::fs::write(state.templates_path(), templates_yaml()).unwrap();
+        std::fs::write(state.templates_path(), templates).unwrap();
         allow_every_template(&state.manifest_path());
         let files = Self { state };
         let mut key = [0u8; 32];

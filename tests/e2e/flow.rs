@@ -34,6 +34,20 @@ impl Setup {
         }
     }
 
+    /// A setup whose Pods run on a real kubelet (the real node's catalogue `templates`): no
+    /// kwok exec agent.
+    pub async fn on_real_node(cluster: Cluster, test: &str, templates: &str) -> Self {
+        let ns = cluster.namespace(test).await;
+        let installation = Installation::install_with(&cluster, &ns, templates).await;
+        let agent = None;
+        Self {
+            cluster,
+            ns,
+            installation,
+            agent,
+        }
+    }
+
     pub async fn finish(self) {
         if let Some(agent) = self.agent {
             agent.stop().await;

@@ -28,6 +28,7 @@ mod kwok_exec;
 mod lifecycle;
 mod pod_exec;
 mod provider;
+mod real_node;
 mod recovery;
 mod rolling;
 mod upgrade_guard;
@@ -54,6 +55,36 @@ where
         }
         Availability::Impossible(reason) => Ok(Completion::ignored_with(reason)),
         Availability::Broken(failure) => Err(failure.into()),
+    })
+}
+
+/// A test that needs the real node (a kubelet with containerd, runc and gVisor) beside the
+/// control plane: ignored with the reason where neither or the node cannot run here.
+fn node_test<F, Fut>(name: &str, test: F) -> Trial
+where
+    F: FnOnce(Cluster, real_node::RealNode) -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    Trial::ignorable_test(name, move || {
+        let cluster = match control_plane::availability() {
+            Availability::Ready(cluster) => cluster,
+            Availability::Impossible(reason) => return Ok(Completion::ignored_with(reason)),
+            Availability::Broken(failure) => return Err(failure.into()),
+        };
+        let node = match real_node::availability(&cluster) {
+            real_node::NodeAvailability::Ready(node) => node,
+            real_node::NodeAvailability::Impossible(reason) => {
+                return Ok(Completion::ignored_with(reason));
+            }
+            real_node::NodeAvailability::Broken(failure) => return Err(failure.into()),
+        };
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| Failed::from(format!("no tokio runtime: {e}")))?
+            .block_on(test(cluster, node));
+        Ok(Completion::Completed)
     })
 }
 
@@ -120,6 +151,26 @@ fn main() -> std::process::ExitCode {
             "upgrade_guard::the_upgrade_guard_sees_the_live_namespace",
             upgrade_guard::the_upgrade_guard_sees_the_live_namespace,
         ),
+        node_test(
+            "real_node::a_killed_node_and_a_stopped_one_leave_the_host_as_they_found_it",
+            real_node::a_killed_node_and_a_stopped_one_leave_the_host_as_they_found_it,
+        ),
+        node_test(
+            "real_node::under_runc_the_executor_runs_hardened_and_serves_files_and_commands_through_the_kubelet",
+            real_node::under_runc_the_executor_runs_hardened_and_serves_files_and_commands_through_the_kubelet,
+        ),
+        node_test(
+            "real_node::under_gvisor_the_executor_runs_hardened_on_gvisors_kernel_and_serves_files_and_commands",
+            real_node::under_gvisor_the_executor_runs_hardened_on_gvisors_kernel_and_serves_files_and_commands,
+        ),
+        node_test(
+            "real_node::the_default_deny_policy_cuts_the_executor_off_from_other_pods_while_exec_keeps_working",
+            real_node::the_default_deny_policy_cuts_the_executor_off_from_other_pods_while_exec_keeps_working,
+        ),
+        node_test(
+            "real_node::a_workspace_survives_the_replacement_of_its_pod_on_the_real_volume",
+            real_node::a_workspace_survives_the_replacement_of_its_pod_on_the_real_volume,
+        ),
         Trial::test(
             "fixtures::the_suite_template_catalogue_loads_with_the_revision_the_crate_computes",
             || {
@@ -129,6 +180,15 @@ fn main() -> std::process::ExitCode {
         ),
     ];
     let conclusion = libtest_mimic::run(&args, trials);
+    // The real node first (its kubelet talks to the control plane); a host it did not leave
+    // as it found it fails the run.
+    let node_stopped = real_node::stop_if_started();
     control_plane::stop_if_started();
-    conclusion.exit_code()
+    match node_stopped {
+        Ok(()) => conclusion.exit_code(),
+        Err(difference) => {
+            eprintln!("error: {difference}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

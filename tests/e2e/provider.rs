@@ -52,7 +52,8 @@ async fn ensure_runtime_class(cluster: &Cluster) {
 /// The chart's values for the suite: the test's manifest and templates, loopback API server.
 fn values(files: &ProviderFiles) -> serde_json::Value {
     let manifest = std::fs::read_to_string(files.manifest()).unwrap();
-    let templates: serde_json::Value = serde_saphyr::from_str(&templates_yaml()).unwrap();
+    let catalogue = std::fs::read_to_string(files.templates()).unwrap();
+    let templates: serde_json::Value = serde_saphyr::from_str(&catalogue).unwrap();
     let image = std::env::var("E2E_PROVIDER_IMAGE").unwrap_or_else(|_| {
         format!(
             "registry.invalid/execution/provider@sha256:{}",
@@ -73,12 +74,18 @@ fn values(files: &ProviderFiles) -> serde_json::Value {
 }
 
 impl Installation {
-    /// Installs the CRD (once) and the chart into `ns`, and mints the provider's token.
+    /// Installs the CRD (once) and the chart into `ns` with the suite's template catalogue,
+    /// and mints the provider's token.
     pub async fn install(cluster: &Cluster, ns: &TestNamespace) -> Self {
-        cluster.install_crd().await;
         ensure_runtime_class(cluster).await;
+        Self::install_with(cluster, ns, &templates_yaml()).await
+    }
+
+    /// [`Installation::install`] with the template catalogue `templates`.
+    pub async fn install_with(cluster: &Cluster, ns: &TestNamespace, templates: &str) -> Self {
+        cluster.install_crd().await;
         let dir = tempfile::tempdir().unwrap();
-        let files = ProviderFiles::create(&dir.path().join("state"));
+        let files = ProviderFiles::create(&dir.path().join("state"), templates);
         let values_path = dir.path().join("values.json");
         std::fs::write(&values_path, values(&files).to_string()).unwrap();
         let chart = repo_root().join(CHART_DIR);

@@ -15,5 +15,5 @@ RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
   cargo build --manifest-path "$repo/Cargo.toml" --release --locked --target "$target" --bin execution-helper >&2
 bin="${CARGO_TARGET_DIR:-$repo/target}/$target/release/execution-helper"
 linkage=$(ldd "$bin" 2>&1 || true)
-grep -q 'not a dynamic executable' <<<"$linkage" || { echo "$bin is dynamically linked: $linkage" >&2; exit 1; }
+grep -qE 'not a dynamic executable|statically linked' <<<"$linkage" || { echo "$bin is dynamically linked: $linkage" >&2; exit 1; }
 echo "$bin"

@@ -22,7 +22,9 @@ oci_archive() {
   local rootfs=$1 ref=$2 config=$3 tarball=$4 d
   d=$(mktemp -d)
   mkdir -p "$d/blobs/sha256"
-  tar --sort=name --mtime=@0 --numeric-owner --xattrs -C "$rootfs" -cf "$d/layer.tar" .
+  # --xattrs writes pax headers, which would record atime and ctime: leave those out.
+  tar --sort=name --mtime=@0 --numeric-owner --xattrs --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+    -C "$rootfs" -cf "$d/layer.tar" .
   local layer layer_size
   layer=$(sha256sum "$d/layer.tar" | cut -d' ' -f1) layer_size=$(stat -c %s "$d/layer.tar")
   mv "$d/layer.tar" "$d/blobs/sha256/$layer"
@@ -68,7 +70,7 @@ echo "$ref@$digest" >"$out/pause.ref"
 
 # --- executor: the Dockerfile's last stage, with the rootfs script.
 linkage=$(ldd "$helper" 2>&1 || true)
-grep -q 'not a dynamic executable' <<<"$linkage" ||
+grep -qE 'not a dynamic executable|statically linked' <<<"$linkage" ||
   { echo "$helper is not statically linked (build it with the gnu target and crt-static; docs/e2e.md)" >&2; exit 1; }
 dockerfile="$repo/kind/executor.Dockerfile"
 last_stage=$(awk '/^FROM /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' "$dockerfile")

@@ -82,6 +82,9 @@ t0=$SECONDS
   client_cert kcm "/CN=system:kube-controller-manager"
   client_cert sched "/CN=system:kube-scheduler"
   client_cert kwok "/O=system:masters/CN=e2e-kwok"
+  # What the API server presents to a kubelet (pods/exec, logs) of the real node (start-node.sh),
+  # whose kubelet admits only clients of this CA.
+  client_cert kubelet-client "/O=system:masters/CN=e2e-apiserver-kubelet-client"
   openssl genrsa -out sa.key 2048 2>/dev/null && openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
 )
 kubeconfig() { # file user-cert-basename
@@ -103,7 +106,9 @@ launch etcd "$ETCD_DIR/etcd" --name=e2e --data-dir="$WORK/etcd" \
 wait_for etcd curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 
 # --- kube-apiserver: loopback only, RBAC, client certificates; the endpoint reconciler is off
-# because 127.0.0.1 may not be published as the `kubernetes` Service endpoint.
+# because 127.0.0.1 may not be published as the `kubernetes` Service endpoint. A node's
+# InternalIP comes first (the real node's, on its own interface), then its Hostname (kwok's node
+# has only `localhost`, where kwok serves exec).
 launch kube-apiserver "$KUBE_DIR/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --bind-address=127.0.0.1 --secure-port="$API_PORT" \
@@ -115,7 +120,8 @@ launch kube-apiserver "$KUBE_DIR/kube-apiserver" \
   --service-cluster-ip-range=10.96.0.0/16 \
   --authorization-mode=Node,RBAC \
   --allow-privileged=false \
-  --kubelet-preferred-address-types=Hostname,InternalIP \
+  --kubelet-preferred-address-types=InternalIP,Hostname \
+  --kubelet-client-certificate="$P/kubelet-client.crt" --kubelet-client-key="$P/kubelet-client.key" \
   --cert-dir="$WORK/apiserver-certs" --v=1
 wait_for kube-apiserver "$KUBECTL" --kubeconfig="$K" get --raw=/readyz
 
@@ -143,6 +149,7 @@ launch kube-scheduler "$KUBE_DIR/kube-scheduler" \
 wait_for kube-scheduler curl -kfsS "https://127.0.0.1:$SCHED_PORT/healthz"
 
 # --- kwok: the node, Pod readiness, volume provisioning, and exec served by local processes.
+# It manages only nodes annotated as its own: the real node (start-node.sh) has a kubelet.
 # Exec rules are Exec objects (one per executor Pod, created by the suite), so its CRD goes in.
 S="$KWOK_DIR/stage"
 # kwok runs the exec'd argv as a local process, and the provider always execs the helper at its
@@ -169,7 +176,7 @@ launch kwok "$KWOK_DIR/kwok" --kubeconfig="$WORK/kwok.kubeconfig" \
   --config="$S/volume/fast/pvc-provision.yaml" --config="$S/volume/fast/pv-bind.yaml" \
   --config="$S/volume/fast/pvc-delete.yaml" --config="$S/volume/fast/pv-delete.yaml" \
   --enable-crds=Exec \
-  --manage-all-nodes=true --node-name=localhost --node-ip= --node-port="$KWOK_PORT" \
+  --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake --node-name=localhost --node-ip= --node-port="$KWOK_PORT" \
   --server-address="127.0.0.1:$KWOK_PORT" --node-lease-duration-seconds=40 --cidr=10.244.0.0/16
 "$KUBECTL" --kubeconfig="$K" apply -f - >/dev/null <<NODE
 apiVersion: v1

@@ -20,4 +20,4 @@ CONTAINERD_DIR="$E2E_CACHE/containerd-v$CONTAINERD_VERSION"
 # "-oom2": the shim built with the oom_score_adj patch of build-node-bins.sh; bump it when that changes.
 GVISOR_DIR="$E2E_CACHE/gvisor-$GVISOR_VERSION-oom2"
 KUBE_ROUTER_DIR="$E2E_CACHE/kube-router-v$KUBE_ROUTER_VERSION"
-NODE_DEBS="runc containernetworking-plugins iptables ipset busybox-static jq"
+NODE_DEBS="runc containernetworking-plugins iptables ipset nftables busybox-static jq"
