@@ -1,6 +1,7 @@
 //! End-to-end tests against a real Kubernetes control plane (kube-apiserver, etcd,
 //! kube-controller-manager, kube-scheduler and kwok on 127.0.0.1, built from Go modules by
-//! `tests/e2e/bin/build-bins.sh` and started by `tests/e2e/bin/start-control-plane.sh`).
+//! `tests/e2e/bin/build-bins.sh` and started by `tests/e2e/bin/start-control-plane.sh`), and a
+//! real node beside it for the `real_node` tests (`tests/e2e/real_node.rs`).
 //!
 //! A `libtest-mimic` harness (`harness = false`), so that whether the cluster tests can run is
 //! decided at run time: against `E2E_KUBECONFIG` when it is given, else against a control plane

@@ -197,11 +197,14 @@ state = "$C/state"
 TOML
 launch containerd env PATH="$CONTAINERD_DIR:$GVISOR_DIR:$PATH" "$CONTAINERD_DIR/containerd" --config "$C/config.toml"
 wait_for containerd "$CTR" -a "$C/run/containerd.sock" version
-"$CTR" -a "$C/run/containerd.sock" -n k8s.io images import "$N/images/pause.tar" >/dev/null
-"$CTR" -a "$C/run/containerd.sock" -n k8s.io images import "$N/images/executor.tar" >/dev/null
+ctr() { # ctr warns about cgroup v1 on every call: keep the rest of its standard error
+  "$CTR" -a "$C/run/containerd.sock" -n k8s.io "$@" 2> >(grep -v 'support for cgroup v1 is deprecated' >&2)
+}
+ctr images import "$N/images/pause.tar" >/dev/null
+ctr images import "$N/images/executor.tar" >/dev/null
 # The CRI finds an image by digest only under a name that carries the digest (what a pull by
 # digest would have recorded): give the executor image that name too.
-"$CTR" -a "$C/run/containerd.sock" -n k8s.io images tag "$EXECUTOR_NAME" "$EXECUTOR_IMAGE" >/dev/null
+ctr images tag "$EXECUTOR_NAME" "$EXECUTOR_IMAGE" >/dev/null
 
 # --- kubelet: the node address on its own interface, tainted so that only the real-node tests'
 # Pods (which tolerate it) land here; no image garbage collection (nothing can be pulled back).
@@ -264,13 +267,17 @@ provisioner: kubernetes.io/no-provisioner
 volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Retain
 OBJECTS
+# The volumes of an earlier start are gone with its node directory: their objects go too (those
+# still bound wait for their claims), and this start's volumes get names of their own.
+"$KUBECTL" --kubeconfig="$K" delete pv -l "$NODE_LABEL=true" --wait=false >/dev/null
+generation=$(date +%s)
 for i in $(seq -w 1 "$LOCAL_VOLUMES"); do
   mkdir -p "$N/volumes/v$i"
   cat <<PV
 ---
 apiVersion: v1
 kind: PersistentVolume
-metadata: {name: e2e-local-v$i, labels: {$NODE_LABEL: "true"}}
+metadata: {name: e2e-local-$generation-v$i, labels: {$NODE_LABEL: "true"}}
 spec:
   capacity: {storage: 2Gi}
   accessModes: [ReadWriteOnce]
