@@ -67,6 +67,7 @@ async fn an_uncertain_outcome_fences_and_keeps_the_operation_on_record() {
         .await
         .expect_err("unknown");
     assert_eq!(err.code(), ErrorCode::FenceUnknown);
+    assert!(err.to_string().contains("termination unconfirmed"), "{err}");
     let o = world.get(&c.env.id).await;
     assert_eq!(fence_state(&o), Some(FenceState::FenceUnknown));
     assert!(active_op(&o).is_some());
@@ -128,6 +129,28 @@ async fn command_output_beyond_the_template_bound_is_truncated_not_refused() {
         fence_state(&world.get(&c.env.id).await),
         Some(FenceState::Healthy)
     );
+}
+
+/// A renewal whose write is lost cancels the call; the completion then fences, and the
+/// caller is told the lease was lost (not that the executor's end went unconfirmed).
+#[tokio::test(start_paused = true)]
+async fn a_lost_renewal_cancels_the_call_fences_and_says_the_lease_was_lost() {
+    let world = World::new().await;
+    let store = world.store();
+    let c = claimed(&world, &store, "alice", "b1").await;
+    world.executor.push(Script::WaitForCancel);
+    // Admission is environment write 1; the first renewal (after 10 s) is write 2.
+    world.fail_write(2, Fault::Transport, "executionenvironments");
+    let err = store
+        .execute(&c.caller, &c.rc, stat("a"))
+        .await
+        .expect_err("lost");
+    assert_eq!(err.code(), ErrorCode::FenceUnknown);
+    assert!(err.to_string().contains("lease renewal failed"), "{err}");
+    assert_eq!(*world.executor.cancelled.lock().expect("cancelled"), 1);
+    let o = world.get(&c.env.id).await;
+    assert_eq!(fence_state(&o), Some(FenceState::FenceUnknown));
+    assert!(active_op(&o).is_some(), "identity kept for recovery");
 }
 
 #[tokio::test(start_paused = true)]

@@ -165,6 +165,21 @@ fn main() -> std::process::ExitCode {
             real_node::under_gvisor_the_executor_runs_hardened_on_gvisors_kernel_and_serves_files_and_commands,
         ),
         node_test(
+            "real_node::under_runc_the_workload_cannot_read_signal_or_outlive_the_supervisor",
+            real_node::under_runc_the_workload_cannot_read_signal_or_outlive_the_supervisor,
+        ),
+        node_test(
+            "real_node::under_gvisor_the_workload_cannot_read_or_outlive_the_supervisor",
+            real_node::under_gvisor_the_workload_cannot_read_or_outlive_the_supervisor,
+        ),
+        // A gap this suite found in gVisor (docs/commands.md §9): fails, so ignored; run it
+        // with `--ignored`.
+        node_test(
+            "real_node::under_gvisor_sigkill_and_sigstop_from_the_workload_leave_the_supervisor_running",
+            real_node::under_gvisor_sigkill_and_sigstop_from_the_workload_leave_the_supervisor_running,
+        )
+        .with_ignored_flag(true),
+        node_test(
             "real_node::the_default_deny_policy_cuts_the_executor_off_from_other_pods_while_exec_keeps_working",
             real_node::the_default_deny_policy_cuts_the_executor_off_from_other_pods_while_exec_keeps_working,
         ),
