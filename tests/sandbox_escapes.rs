@@ -52,13 +52,22 @@ impl Environment {
     }
 
     async fn start_in(tmp: tempfile::TempDir, isolated: bool) -> Environment {
+        Self::start_with(tmp, isolated, helper_binary()).await
+    }
+
+    /// [`Environment::start_in`] with the helper binary at `helper`.
+    async fn start_with(
+        tmp: tempfile::TempDir,
+        isolated: bool,
+        helper: std::path::PathBuf,
+    ) -> Environment {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let args = DevArgs {
             state_dir: tmp.path().to_owned(),
             listen: "127.0.0.1:0".parse().unwrap(),
             kube_listen: "127.0.0.1:0".parse().unwrap(),
             health_listen: "127.0.0.1:0".parse().unwrap(),
-            helper: Some(helper_binary()),
+            helper: Some(helper),
             limits: Default::default(),
             connections: Default::default(),
             unsafe_no_isolation: !isolated,
@@ -194,6 +203,21 @@ async fn the_state_directory_keys_cannot_be_read_by_relative_or_host_path() {
         .run("find / \\( -path /proc -o -path /usr \\) -prune -o \\( -name ca.key -o -name grant.key -o -name client.key -o -name kubeconfig \\) -print")
         .await;
     assert_eq!(ran.stdout, "", "no key file anywhere in view: {ran:?}");
+    env.dev.stop().await.unwrap();
+}
+
+/// A helper binary under `/tmp` (a build directory there, an unpacked release) still reaches
+/// the sandbox: a root provider's host stage hides the host's `/tmp` behind a tmpfs of its own,
+/// so it opens the binary before that. (A CI run whose caches were under `/tmp` found it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helper_binary_under_tmp_reaches_the_sandbox() {
+    let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+    let helper = dir.path().join("execution-helper");
+    std::fs::copy(helper_binary(), &helper).unwrap();
+    let env = Environment::start_with(tempfile::tempdir().unwrap(), true, helper).await;
+    let ran = env.run("echo inside").await;
+    assert!(ran.succeeded(), "{ran:?}");
+    assert_eq!(ran.stdout, "inside\n");
     env.dev.stop().await.unwrap();
 }
 

@@ -205,6 +205,8 @@ fn prepare_workspace(
     )
     .step("making the mounts private")?;
     let workspace = open_directory(path)?;
+    // Opened before the tmpfs hides the host's /tmp, where the binary itself may lie.
+    let helper = std::fs::File::open(helper).step("opening the helper's binary")?;
     let owner = rustix::fs::fstat(&workspace).step("opening the workspace")?;
     if (owner.st_uid, owner.st_gid) != (ids.uid, ids.gid) {
         adopt(&workspace, ids, 0).step("handing the workspace to the sandbox's ids")?;
@@ -227,7 +229,8 @@ fn prepare_workspace(
     rustix::mount::mount_bind(source.as_str(), staged).step("staging the workspace")?;
     let staged_helper = Path::new(STAGED_HELPER);
     std::fs::write(staged_helper, b"").step("staging the helper")?;
-    rustix::mount::mount_bind(helper, staged_helper).step("staging the helper")?;
+    let source = format!("/proc/self/fd/{}", helper.as_raw_fd());
+    rustix::mount::mount_bind(source.as_str(), staged_helper).step("staging the helper")?;
     Ok((staged.to_owned(), staged_helper.to_owned()))
 }
 
