@@ -244,6 +244,37 @@ pub(crate) mod tests {
         assert!(snapshot.admit("spiffe://cluster/ns/other").is_none());
     }
 
+    /// The generation is 1..=2^63-1 (it is compared as a signed count elsewhere): both ends
+    /// are admitted, 0 and 2^63 are refused.
+    #[test]
+    fn the_generation_is_admitted_exactly_in_1_to_2_pow_63_minus_1() {
+        let ok = r#"[{"uri":"spiffe://c/a","mayAttestOwner":true}]"#;
+        let with = |generation: u64| {
+            manifest(ok).replacen(
+                "\"generation\":3",
+                &format!("\"generation\":{generation}"),
+                1,
+            )
+        };
+        for admitted in [1, i64::MAX as u64] {
+            let text = with(admitted);
+            assert!(
+                SecurityManifest::parse(text.as_bytes()).is_ok(),
+                "{admitted}"
+            );
+        }
+        for refused in [0, i64::MAX as u64 + 1, u64::MAX] {
+            let text = with(refused);
+            assert!(
+                matches!(
+                    SecurityManifest::parse(text.as_bytes()),
+                    Err(ManifestError::Invalid(_))
+                ),
+                "{refused}"
+            );
+        }
+    }
+
     #[test]
     fn unknown_fields_duplicate_keys_and_trailing_values_are_refused() {
         let ok = r#"[{"uri":"spiffe://c/a","mayAttestOwner":true}]"#;
