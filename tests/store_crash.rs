@@ -114,27 +114,6 @@ async fn a_dispatch_interrupted_at_any_write_never_runs_twice_and_never_clears_u
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_renewal_write_lost_in_transport_cancels_and_fences() {
-    let world = World::new().await;
-    let store = world.store();
-    let c = claimed(&world, &store, "alice", "b1").await;
-    world.executor.push(Script::WaitForCancel);
-    // Admission is environment write 1; the first renewal (after 10 s) is write 2.
-    world.fail_write(2, Fault::Transport, "executionenvironments");
-    let err = store
-        .execute(&c.caller, &c.rc, stat("a"))
-        .await
-        .expect_err("lost");
-    assert_eq!(err.code(), ErrorCode::FenceUnknown);
-    assert_eq!(*world.executor.cancelled.lock().expect("cancelled"), 1);
-    let o = world.get(&c.env.id).await;
-    assert_eq!(
-        o.status.and_then(|s| s.fence_state),
-        Some(FenceState::FenceUnknown)
-    );
-}
-
 #[tokio::test]
 async fn a_reservation_interrupted_at_its_write_replays_exactly_once() {
     for fault in [Fault::Transport, Fault::LostAnswer] {

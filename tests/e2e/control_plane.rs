@@ -222,7 +222,7 @@ fn free_ports() -> Result<Vec<(&'static str, u16)>, String> {
 }
 
 /// The `export KEY='value'` lines start-control-plane.sh writes.
-fn read_env_file(path: &Path) -> Result<BTreeMap<String, String>, String> {
+pub fn read_env_file(path: &Path) -> Result<BTreeMap<String, String>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     Ok(text

@@ -25,10 +25,12 @@ use kube::api::{DeleteParams, PostParams};
 
 use crate::cluster::{Cluster, eventually};
 use crate::common::{self, context, owner};
+use crate::control_plane::read_env_file;
 use crate::fixtures::{execution_yaml_for, templates_yaml_for};
 use crate::flow::{Setup, run};
 use crate::k8s_bins;
 use crate::provider::{Client, FULLNAME, wait_pod_ready};
+use crate::recovery::acquire_as;
 
 /// What the tests need to know of the node (start-node.sh's env file).
 #[derive(Clone, Debug)]
@@ -375,17 +377,6 @@ fn kubectl_sync(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Result
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// The `export KEY='value'` lines of an env file.
-fn read_env_file(path: &Path) -> Result<BTreeMap<String, String>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    Ok(text
-        .lines()
-        .filter_map(|line| line.strip_prefix("export ")?.split_once('='))
-        .map(|(key, value)| (key.to_owned(), value.trim_matches('\'').to_owned()))
-        .collect())
-}
-
 // ---------------------------------------------------------------------------------------------
 // The tests.
 
@@ -430,7 +421,7 @@ async fn environment_on_node(
         "scheduled on the real node"
     );
     assert_eq!(spec.runtime_class_name.as_deref(), Some(runtime));
-    let claim = acquire(&mut client, test, &env, "acquire-1").await;
+    let claim = acquire_as(&mut client, test, &env, "run-1").await;
     OnNode {
         setup,
         provider,
@@ -476,26 +467,6 @@ async fn ready(client: &Client, binding: &str) -> pb::EnvironmentRef {
         },
     )
     .await
-}
-
-async fn acquire(
-    client: &mut Client,
-    binding: &str,
-    env: &pb::EnvironmentRef,
-    operation: &str,
-) -> pb::RunClaimResponse {
-    client
-        .acquire_run(pb::AcquireRunRequest {
-            environment: Some(env.clone()),
-            owner: Some(owner()),
-            binding_id: binding.into(),
-            run_id: format!("run-{operation}"),
-            operation_id: operation.into(),
-            ttl_millis: 120_000,
-        })
-        .await
-        .expect("a claim")
-        .into_inner()
 }
 
 fn stdout(result: &pb::CommandStatusResponse) -> String {
@@ -770,7 +741,7 @@ pub async fn a_workspace_survives_the_replacement_of_its_pod_on_the_real_volume(
     .await;
     let env = ready(&on.client, binding).await;
     wait_pod_ready(&on.setup.ns, &pod).await;
-    let claim = acquire(&mut on.client, binding, &env, "acquire-2").await;
+    let claim = acquire_as(&mut on.client, binding, &env, "run-2").await;
     on.claim = claim;
     let kept = stdout(&on.sh(binding, "cat kept.txt").await);
     assert_eq!(kept, "kept\n", "the workspace outlived its Pod");

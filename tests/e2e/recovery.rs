@@ -82,7 +82,7 @@ async fn ensure_template_ready(
 }
 
 /// Takes a new run claim `run` (its own operation id) on `env`.
-async fn acquire_as(
+pub async fn acquire_as(
     client: &mut Client,
     binding: &str,
     env: &pb::EnvironmentRef,
